@@ -1,0 +1,97 @@
+"""`python -m dlcrepro <command>`: the package's command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+
+def _overrides(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise SystemExit(f"--set expects KEY=VALUE, got {pair!r}")
+        k, v = pair.split("=", 1)
+        out[k] = yaml.safe_load(v)
+    return out
+
+
+def _load(args):
+    from .config import load
+
+    return load(args.config, _overrides(args.set))
+
+
+def cmd_warmstart(args) -> int:
+    from .warmstart import warmstart
+
+    cfg = _load(args)
+    warmstart(cfg, args.model, Path(args.out) if args.out else None)
+    return 0
+
+
+def cmd_train(args) -> int:
+    from .train import run_cell
+
+    cfg = _load(args)
+    summary = run_cell(cfg, args.model, args.sampler, args.correction, args.seed, Path(args.out), model_dir=args.model_dir)
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def cmd_sample(args) -> int:
+    from .probe import sample_report
+
+    cfg = _load(args)
+    rows = sample_report(cfg, args.model, args.prompts, args.n, args.seed, model_dir=args.model_dir)
+    print(json.dumps(rows, indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dlcrepro", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp):
+        sp.add_argument("--config", default="configs/tiny.yaml", help="YAML config file")
+        sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (dotted), e.g. train.lr=0.1")
+        sp.add_argument("--model", default="tiny", help="model name (a key of `models`)")
+
+    w = sub.add_parser("warmstart", help="supervised warm start of a tiny model; saves it and its greedy test accuracy")
+    common(w)
+    w.add_argument("--out", help="output directory (default <artifacts>/<model>)")
+    w.set_defaults(fn=cmd_warmstart)
+
+    t = sub.add_parser("train", help="run one grid cell: model x sampler x correction x seed")
+    common(t)
+    t.add_argument("--sampler", required=True)
+    t.add_argument("--correction", required=True)
+    t.add_argument("--seed", type=int, required=True)
+    t.add_argument("--out", required=True, help="the cell's result directory")
+    t.add_argument("--model-dir", help="model weights directory (default from the config)")
+    t.set_defaults(fn=cmd_train)
+
+    s = sub.add_parser("sample", help="sample a batch from each of the four samplers and report mean |discrepancy|")
+    common(s)
+    s.add_argument("--prompts", type=int, default=16)
+    s.add_argument("--n", type=int, default=8)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--model-dir", help="model weights directory (default from the config)")
+    s.set_defaults(fn=cmd_sample)
+
+    args = p.parse_args(argv)
+    from .config import ConfigError
+
+    try:
+        return args.fn(args)
+    except (ConfigError, KeyError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,281 @@
+"""Typed configuration, validated once at the edge.
+
+A YAML file has the sections below; every field has a one-line docstring (the comment above
+it). Unknown keys and values that break SPEC.md's infrastructure alignment are refused with an
+error naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the key."""
+
+
+@dataclass
+class TaskConfig:
+    # "generate": problems from the seeded solver-checked generator; "parquet": Countdown-Tasks-3to4.
+    source: str = "generate"
+    # parquet mode: a .parquet file or directory, or a Hugging Face dataset id looked up in the local cache.
+    path: str | None = None
+    # how many numbers each generated problem has.
+    num_numbers: int = 3
+    # inclusive range of the generated numbers.
+    number_range: tuple[int, int] = (1, 20)
+    # inclusive range of generated targets (only targets reachable with all numbers are drawn).
+    target_range: tuple[int, int] = (1, 100)
+    # number of training problems (parquet: the first n_train rows).
+    n_train: int = 20000
+    # number of held-out test problems (parquet: the next n_test rows).
+    n_test: int = 256
+    # seed of the problem generator (fixes both splits).
+    seed: int = 1234
+    # "compact" (tiny model: `a,b,c=>T:`) or "chat" (Qwen3 instruction through the chat template).
+    prompt: str = "compact"
+
+
+@dataclass
+class EngineConfig:
+    # maximum response tokens; the same cut applies on the trainer side (it scores the engine's ids).
+    max_tokens: int = 24
+    # engine next-token log-probs returned per position for score centring (full vocab if >= vocab).
+    topk: int = 64
+    # KV-cache memory per engine on CPU, MiB (vLLM's kv_cache_memory_bytes).
+    kv_cache_mib: int = 128
+    # vLLM dtype of the BF16 engines.
+    dtype: str = "bfloat16"
+    # CUDA graphs on GPU; on CPU eager mode starts in ~2 s instead of ~17 s of compilation.
+    enforce_eager: bool | None = None
+    # fraction of GPU memory per engine (GPU only; the run's engine and the probe engine share one GPU).
+    gpu_memory_utilization: float = 0.3
+    # SPEC alignment: sampling temperature; must be 1.
+    temperature: float = 1.0
+    # SPEC alignment: nucleus sampling; must be 1 (off).
+    top_p: float = 1.0
+    # SPEC alignment: top-k sampling; must be -1 (off).
+    top_k: int = -1
+    # SPEC alignment: min-p sampling; must be 0 (off).
+    min_p: float = 0.0
+    # SPEC alignment: repetition penalty; must be 1 (off).
+    repetition_penalty: float = 1.0
+    # SPEC alignment: presence penalty; must be 0 (off).
+    presence_penalty: float = 0.0
+    # SPEC alignment: frequency penalty; must be 0 (off).
+    frequency_penalty: float = 0.0
+    # SPEC alignment: decode responses and re-tokenize them for the trainer; must be false.
+    retokenize: bool = False
+    # SPEC alignment: drop responses by reward before the update; must be false.
+    filter_by_reward: bool = False
+
+
+_ALIGNMENT = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "retokenize": False,
+    "filter_by_reward": False,
+}
+
+
+@dataclass
+class WarmstartConfig:
+    # optimizer steps of supervised training on solver solutions.
+    steps: int = 1500
+    # sequences per step.
+    batch: int = 128
+    # AdamW learning rate (cosine decay to 10 %).
+    lr: float = 2e-3
+    # stop early after this many seconds (0 = no limit); the step count reached is recorded.
+    max_seconds: float = 0.0
+    # seed of initialisation and batch order.
+    seed: int = 0
+
+
+@dataclass
+class ModelConfig:
+    # "tiny": built and warm-started here; "hf": a Hugging Face model directory or id in the local cache.
+    kind: str = "tiny"
+    # hf: the model id (e.g. Qwen/Qwen3-0.6B) or a local directory; tiny: ignored.
+    path: str | None = None
+    # tiny: Qwen3Config fields.
+    arch: dict[str, Any] = field(default_factory=dict)
+    # tiny: supervised warm start.
+    warmstart: WarmstartConfig = field(default_factory=WarmstartConfig)
+    # trainer compute dtype ("float32"; "bfloat16" autocast with fp32 master weights and fp32 log-softmax).
+    trainer_dtype: str = "float32"
+    # per-model overrides of the `train` section (e.g. a learning rate per model size).
+    train: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrainConfig:
+    # RL steps per run.
+    steps: int = 30
+    # prompts per step.
+    prompts_per_step: int = 16
+    # responses sampled per prompt (the advantage baseline is their mean reward).
+    responses_per_prompt: int = 8
+    # plain SGD learning rate.
+    lr: float = 0.3
+    # stale samplers sync to the trainer every this many steps (paper: 64, i.e. never in 40 steps).
+    sync_every: int = 64
+    # resync when the lag ESS of a freshly sampled batch is below this (dlc, is_resync).
+    resync_ess: float = 0.5
+    # DLC's clip C on the lag ratio.
+    clip_c: float = 2.0
+    # PPO clip epsilon.
+    ppo_eps: float = 0.2
+    # PPO: SGD steps per batch.
+    updates_per_batch: int = 1
+    # draw the two on-policy probe batches every this many steps (dev, floor, off_support).
+    probe_every: int = 1
+    # greedy test accuracy every this many steps (and at the end); a multiple of probe_every.
+    eval_every: int = 10
+    # checkpoint every this many steps (0 = only at the end).
+    ckpt_every: int = 10
+    # off-support: a token whose probability under θ_0 is below this.
+    off_support_threshold: float = 1e-3
+    # sequences per trainer forward (memory bound on GPU).
+    micro_batch: int = 1024
+
+
+SAMPLERS = ("bf16", "fp8", "stale", "fp8_stale")
+
+
+@dataclass
+class GridConfig:
+    # model names (keys of `models`).
+    models: list[str] = field(default_factory=list)
+    # sampler names.
+    samplers: list[str] = field(default_factory=lambda: list(SAMPLERS))
+    # correction names.
+    corrections: list[str] = field(default_factory=list)
+    # seeds.
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    # cells to leave out: each a mapping of some of model/sampler/correction/seed.
+    exclude: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Config:
+    # name of this configuration (tiny, smoke, paper).
+    name: str = "tiny"
+    # directory of built artefacts (warm-started models).
+    artifacts: str = "artifacts"
+    task: TaskConfig = field(default_factory=TaskConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    models: dict[str, ModelConfig] = field(default_factory=dict)
+    grid: GridConfig = field(default_factory=GridConfig)
+
+    def train_for(self, model: str) -> TrainConfig:
+        """The train section with the model's overrides applied."""
+        return _build(TrainConfig, {**dataclasses.asdict(self.train), **self.models[model].train}, f"models.{model}.train")
+
+    def model_dir(self, model: str) -> Path:
+        """Where the model's weights are: the warm-start output for tiny models, else its path."""
+        m = self.models[model]
+        if m.kind == "tiny":
+            return Path(self.artifacts) / model / "model"
+        return Path(m.path)
+
+
+def _build(cls, data: Any, where: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; known: {sorted(fields)}")
+    kwargs = {}
+    for name, value in data.items():
+        f = fields[name]
+        sub = {
+            "task": TaskConfig,
+            "engine": EngineConfig,
+            "train": TrainConfig if cls is Config else None,
+            "grid": GridConfig,
+            "warmstart": WarmstartConfig,
+        }.get(name)
+        if sub is not None and isinstance(f.default_factory, type):
+            value = _build(sub, value, f"{where}.{name}" if where else name)
+        elif name == "models" and cls is Config:
+            value = {k: _build(ModelConfig, v, f"models.{k}") for k, v in (value or {}).items()}
+        elif isinstance(f.default, tuple) and isinstance(value, list):
+            value = tuple(value)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def validate(cfg: Config) -> Config:
+    """Checks that cut across sections; raises ConfigError naming the key."""
+    for key, want in _ALIGNMENT.items():
+        got = getattr(cfg.engine, key)
+        if got != want:
+            raise ConfigError(
+                f"engine.{key}={got!r} breaks the infrastructure alignment of SPEC.md "
+                f"(the engine must report the distribution it samples from); it must be {want!r}"
+            )
+    if cfg.task.source not in ("generate", "parquet"):
+        raise ConfigError(f"task.source={cfg.task.source!r}; allowed: ['generate', 'parquet']")
+    if cfg.task.prompt not in ("compact", "chat"):
+        raise ConfigError(f"task.prompt={cfg.task.prompt!r}; allowed: ['compact', 'chat']")
+    if cfg.task.source == "parquet" and not cfg.task.path:
+        raise ConfigError("task.path is required when task.source is 'parquet'")
+    for name, m in cfg.models.items():
+        if m.kind not in ("tiny", "hf"):
+            raise ConfigError(f"models.{name}.kind={m.kind!r}; allowed: ['hf', 'tiny']")
+        if m.kind == "hf" and not m.path:
+            raise ConfigError(f"models.{name}.path is required for kind 'hf'")
+        if m.trainer_dtype not in ("float32", "bfloat16"):
+            raise ConfigError(f"models.{name}.trainer_dtype={m.trainer_dtype!r}; allowed: ['bfloat16', 'float32']")
+        t = cfg.train_for(name)
+        if t.eval_every % t.probe_every:
+            raise ConfigError(
+                f"train.eval_every={t.eval_every} must be a multiple of train.probe_every={t.probe_every} "
+                "(every eval step needs its off-support share)"
+            )
+        if t.responses_per_prompt < 2:
+            raise ConfigError("train.responses_per_prompt must be >= 2 (the advantage baseline is the group mean)")
+    from .corrections import CORRECTIONS
+
+    for m in cfg.grid.models:
+        if m not in cfg.models:
+            raise ConfigError(f"grid.models: unknown model {m!r}; known: {sorted(cfg.models)}")
+    for s in cfg.grid.samplers:
+        if s not in SAMPLERS:
+            raise ConfigError(f"grid.samplers: unknown sampler {s!r}; known: {list(SAMPLERS)}")
+    for c in cfg.grid.corrections:
+        if c not in CORRECTIONS:
+            raise ConfigError(f"grid.corrections: unknown correction {c!r}; known: {sorted(CORRECTIONS)}")
+    return cfg
+
+
+def load(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
+    """Read, merge `overrides` (dotted keys), build and validate a config file."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    data = yaml.safe_load(path.read_text()) or {}
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return validate(_build(Config, data, ""))
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)

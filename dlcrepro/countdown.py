@@ -1,0 +1,289 @@
+"""Countdown: use each given number once with + - * / and parentheses to reach the target.
+
+Everything here is pure Python on exact rationals. Model output is hostile text: it is parsed
+by a bounded recursive-descent parser, never evaluated.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+REWARD_CORRECT = 1
+REWARD_WRONG = -1
+MAX_ANSWER_CHARS = 256  # longer "answers" are wrong without being parsed
+MAX_DEPTH = 32  # parenthesis nesting beyond this is wrong, not a RecursionError
+
+_OPS = "+-*/"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One Countdown problem: `numbers` (each used exactly once) and `target`."""
+
+    numbers: tuple[int, ...]
+    target: int
+
+    @property
+    def key(self) -> tuple[tuple[int, ...], int]:
+        """Identity used for train/test disjointness: the multiset of numbers and the target."""
+        return tuple(sorted(self.numbers)), self.target
+
+
+# ----------------------------------------------------------------------------- solver
+
+
+def _combine(a: Fraction, b: Fraction) -> Iterator[tuple[Fraction, str]]:
+    yield a + b, "+"
+    yield a - b, "-"
+    yield a * b, "*"
+    if b != 0:
+        yield a / b, "/"
+
+
+def _reach(items: tuple[tuple[Fraction, str], ...]) -> Iterator[tuple[Fraction, str]]:
+    """All (value, expression) pairs that use every item exactly once."""
+    if len(items) == 1:
+        yield items[0]
+        return
+    for i, j in itertools.permutations(range(len(items)), 2):
+        rest = tuple(x for k, x in enumerate(items) if k not in (i, j))
+        (va, ea), (vb, eb) = items[i], items[j]
+        for v, op in _combine(va, vb):
+            yield from _reach(rest + ((v, f"({ea}{op}{eb})"),))
+
+
+def _leaves(numbers: Sequence[int]) -> tuple[tuple[Fraction, str], ...]:
+    return tuple((Fraction(n), str(n)) for n in numbers)
+
+
+def solve(numbers: Sequence[int], target: int) -> str | None:
+    """A fully parenthesised expression using every number once that equals `target`, or None."""
+    for value, expr in _reach(_leaves(numbers)):
+        if value == target:
+            return expr[1:-1] if len(numbers) > 1 else expr
+    return None
+
+
+def reachable_targets(numbers: Sequence[int]) -> dict[int, str]:
+    """Every integer value reachable with all numbers, mapped to the first expression found."""
+    out: dict[int, str] = {}
+    for value, expr in _reach(_leaves(numbers)):
+        if value.denominator == 1 and int(value) not in out:
+            out[int(value)] = expr[1:-1] if len(numbers) > 1 else expr
+    return out
+
+
+# ----------------------------------------------------------------------------- generator
+
+
+def generate(
+    n: int,
+    *,
+    seed: int,
+    num_numbers: int = 3,
+    number_range: tuple[int, int] = (1, 20),
+    target_range: tuple[int, int] = (1, 100),
+) -> list[Problem]:
+    """`n` distinct solvable problems, deterministic in `seed`.
+
+    Numbers are drawn uniformly from `number_range` (inclusive); the target uniformly among the
+    integers in `target_range` reachable with all of them (so every problem is solvable).
+    """
+    lo, hi = number_range
+    tlo, thi = target_range
+    space = (hi - lo + 1) ** num_numbers
+    rng = np.random.default_rng(seed)
+    seen: set = set()
+    out: list[Problem] = []
+    cache: dict[tuple[int, ...], list[int]] = {}
+    tries = 0
+    while len(out) < n:
+        tries += 1
+        if tries > 50 * n + 1000:
+            raise ValueError(
+                f"countdown: cannot draw {n} distinct solvable problems from numbers {number_range} "
+                f"x{num_numbers} and targets {target_range} (space {space})"
+            )
+        nums = tuple(int(x) for x in rng.integers(lo, hi + 1, size=num_numbers))
+        key = tuple(sorted(nums))
+        if key not in cache:
+            cache[key] = sorted(t for t in reachable_targets(nums) if tlo <= t <= thi)
+        targets = cache[key]
+        if not targets:
+            continue
+        p = Problem(nums, int(targets[rng.integers(len(targets))]))
+        if p.key in seen:
+            continue
+        seen.add(p.key)
+        out.append(p)
+    return out
+
+
+def split(problems: Sequence[Problem], n_test: int) -> tuple[list[Problem], list[Problem]]:
+    """Disjoint train/test split: the last `n_test` problems are the test set."""
+    if n_test >= len(problems):
+        raise ValueError(f"countdown: n_test={n_test} leaves no training problems")
+    train, test = list(problems[:-n_test]), list(problems[-n_test:])
+    assert not {p.key for p in train} & {p.key for p in test}
+    return train, test
+
+
+def load_parquet(path: str | Path, n_train: int = 327_680, n_test: int = 1024) -> tuple[list[Problem], list[Problem]]:
+    """Countdown-Tasks-3to4 (columns `nums`, `target`): train = first `n_train` rows, test = next `n_test`."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    files = sorted(path.rglob("*.parquet")) if path.is_dir() else [path]
+    if not files:
+        raise FileNotFoundError(f"countdown: no .parquet file under {path}")
+    rows: list[Problem] = []
+    for f in files:
+        table = pq.read_table(f, columns=["nums", "target"])
+        for nums, target in zip(table.column("nums").to_pylist(), table.column("target").to_pylist()):
+            rows.append(Problem(tuple(int(x) for x in nums), int(target)))
+        if len(rows) >= n_train + n_test:
+            break
+    if len(rows) < n_train + n_test:
+        raise ValueError(f"countdown: {path} has {len(rows)} rows, need n_train+n_test={n_train + n_test}")
+    return rows[:n_train], rows[n_train : n_train + n_test]
+
+
+# ----------------------------------------------------------------------------- prompts
+
+
+def compact_prompt(p: Problem) -> str:
+    """The tiny model's prompt: `a,b,c=>T:`; the answer follows directly, e.g. `(a*b)-c`."""
+    return ",".join(map(str, p.numbers)) + f"=>{p.target}:"
+
+
+def instruction_prompt(p: Problem) -> str:
+    """TinyZero-style instruction for Qwen3 (goes through the chat template)."""
+    nums = ", ".join(map(str, p.numbers))
+    return (
+        f"Using the numbers [{nums}], create an equation that equals {p.target}. "
+        "You can use basic arithmetic operations (+, -, *, /) and each number must be used exactly once. "
+        "Show your work in <think> </think> tags. "
+        "Return the final equation in <answer> </answer> tags, for example <answer> (1 + 2) / 3 </answer>."
+    )
+
+
+# ----------------------------------------------------------------------------- scoring
+
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_TOKEN_RE = re.compile(r"\s*(\d+|[-+*/()×÷−])")
+_CANON = {"×": "*", "÷": "/", "−": "-"}
+
+
+class _Bad(Exception):
+    """The answer is not a valid expression."""
+
+
+def extract_answer(response: str) -> str:
+    """The final answer: the last `<answer>…</answer>` if there is one, else the whole text."""
+    found = _ANSWER_RE.findall(response)
+    text = found[-1] if found else response
+    return text.strip()
+
+
+def _tokenize(text: str) -> list[str]:
+    toks, pos = [], 0
+    text = text.rstrip()
+    while pos < len(text):
+        m = _TOKEN_RE.match(text, pos)
+        if not m:
+            raise _Bad(f"unexpected character at {pos}")
+        tok = m.group(1)
+        toks.append(_CANON.get(tok, tok))
+        pos = m.end()
+    return toks
+
+
+class _Parser:
+    """expr := term (('+'|'-') term)* ; term := atom (('*'|'/') atom)* ; atom := INT | '(' expr ')'"""
+
+    def __init__(self, toks: list[str]):
+        self.toks, self.i, self.used = toks, 0, []
+
+    def peek(self) -> str | None:
+        return self.toks[self.i] if self.i < len(self.toks) else None
+
+    def take(self) -> str:
+        tok = self.peek()
+        if tok is None:
+            raise _Bad("unexpected end")
+        self.i += 1
+        return tok
+
+    def expr(self, depth: int) -> Fraction:
+        v = self.term(depth)
+        while self.peek() in ("+", "-"):
+            op, rhs = self.take(), self.term(depth)
+            v = v + rhs if op == "+" else v - rhs
+        return v
+
+    def term(self, depth: int) -> Fraction:
+        v = self.atom(depth)
+        while self.peek() in ("*", "/"):
+            op, rhs = self.take(), self.atom(depth)
+            if op == "*":
+                v = v * rhs
+            elif rhs == 0:
+                raise _Bad("division by zero")
+            else:
+                v = v / rhs
+        return v
+
+    def atom(self, depth: int) -> Fraction:
+        if depth > MAX_DEPTH:
+            raise _Bad("too deep")
+        tok = self.take()
+        if tok == "(":
+            v = self.expr(depth + 1)
+            if self.take() != ")":
+                raise _Bad("unbalanced parenthesis")
+            return v
+        if tok.isdigit():
+            if len(tok) > 1 and tok[0] == "0":
+                raise _Bad("leading zero")
+            self.used.append(int(tok))
+            return Fraction(int(tok))
+        raise _Bad(f"unexpected {tok!r}")
+
+
+def evaluate(expression: str) -> tuple[Fraction, list[int]]:
+    """Exact value of an arithmetic expression and the numbers it uses; raises ValueError if invalid."""
+    if len(expression) > MAX_ANSWER_CHARS:
+        raise ValueError("expression too long")
+    try:
+        parser = _Parser(_tokenize(expression))
+        value = parser.expr(0)
+        if parser.peek() is not None:
+            raise _Bad("trailing tokens")
+    except _Bad as e:
+        raise ValueError(str(e)) from None
+    return value, parser.used
+
+
+def score(response: str, numbers: Sequence[int], target: int) -> int:
+    """+1 if the final answer uses every number exactly once and equals `target` exactly, else -1."""
+    if len(response) > 16 * MAX_ANSWER_CHARS:
+        return REWARD_WRONG
+    answer = extract_answer(response)
+    # An equation "expr = target" is accepted when its right side is exactly the target.
+    if answer.count("=") == 1:
+        answer, rhs = answer.split("=")
+        if rhs.strip() != str(target):
+            return REWARD_WRONG
+    try:
+        value, used = evaluate(answer)
+    except ValueError:
+        return REWARD_WRONG
+    ok = sorted(used) == sorted(int(n) for n in numbers) and value == target
+    return REWARD_CORRECT if ok else REWARD_WRONG

@@ -1,0 +1,282 @@
+"""Sampler engines: one protocol, a vLLM backend behind it, and the paper's four samplers.
+
+The engine is a real vLLM instance in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`).
+New weights go in through `llm.collective_rpc(fn)` whose worker-side function calls
+`worker.model_runner.model.load_weights(...)`. On CPU, vLLM's FP8 weight kernels do not run,
+so the FP8 engine holds block-FP8-rounded weights and rounds each linear layer's input per
+token in 1x128 groups (forward pre-hooks registered inside the vLLM model); its KV cache is
+FP8 through `kv_cache_dtype`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from . import quant
+from .config import EngineConfig
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@dataclass
+class Rollout:
+    """Responses sampled for a list of prompts, in prompt order, `n` per prompt.
+
+    prompt_ids / response_ids: one token-id list per response (B = prompts * n).
+    group: `(B,)` index of each response's prompt.
+    engine_logp: `(N,)` the engine's log-probability of each sampled response token, all
+      responses concatenated in order (N = total response tokens).
+    topk_ids / topk_logp: `(N, k)` the engine's top-k next-token log-probs at each response
+      position (None unless asked for); k = vocab size gives the whole distribution.
+    version: the weight version the engine sampled with.
+    """
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    group: torch.Tensor
+    engine_logp: torch.Tensor
+    topk_ids: torch.Tensor | None
+    topk_logp: torch.Tensor | None
+    version: int
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return torch.tensor([len(r) for r in self.response_ids], dtype=torch.long)
+
+
+class Engine(Protocol):
+    """What the training loop needs from an inference engine."""
+
+    version: int
+
+    def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Replace the engine's weights (trainer parameter names) and record their version."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int, topk: int = 0) -> Rollout:
+        """Sample `n` responses per prompt at temperature 1; `topk` > 0 also returns next-token log-probs."""
+
+    def greedy(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+        """Greedy decoding of each prompt (evaluation)."""
+
+
+def request_seeds(seed: int, count: int) -> list[int]:
+    """Independent per-request vLLM seeds derived from one seed."""
+    return [int(x) for x in np.random.SeedSequence(seed).generate_state(count, dtype=np.uint32)]
+
+
+# --------------------------------------------------------------------------- worker-side functions
+# These run inside vLLM's worker (`collective_rpc` passes the worker as first argument).
+
+
+def _worker_load_weights(worker, state: dict[str, torch.Tensor]) -> int:
+    """In-place reload in checkpoint format: vLLM re-runs each layer's post-load processing
+    (CPU weight repacking, or FP8 scales on GPU) after `model.load_weights`."""
+    worker.model_runner.reload_weights(weights_iterator=list(state.items()), is_checkpoint_format=True)
+    return len(state)
+
+
+def _worker_fp8_activation_hooks(worker, group: int) -> int:
+    """Round the input of every linear layer of the decoder to FP8 per token in 1 x group groups."""
+    from vllm.model_executor.layers.linear import LinearBase
+
+    model = worker.model_runner.model
+    count = 0
+    for name, module in model.named_modules():
+        if isinstance(module, LinearBase) and ".layers." in f".{name}":
+            module.register_forward_pre_hook(lambda _m, args: (quant.fp8_round_activations(args[0], group),) + args[1:])
+            count += 1
+    return count
+
+
+# --------------------------------------------------------------------------- the vLLM backend
+
+
+@dataclass
+class Precision:
+    """How an engine represents weights, activations and the KV cache."""
+
+    name: str
+    # weights as the engine computes with them, from the trainer's float state dict.
+    transform: Callable[[dict[str, torch.Tensor], torch.dtype], dict[str, torch.Tensor]]
+    kv_cache_dtype: str = "auto"
+    fp8_activations: bool = False
+
+
+def _as_dtype(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    return {k: v.to(dtype) for k, v in state.items()}
+
+
+PRECISIONS: dict[str, Precision] = {
+    "bf16": Precision("bf16", _as_dtype),
+    "fp8": Precision("fp8", quant.fp8_emulated_state_dict, kv_cache_dtype="fp8", fp8_activations=True),
+}
+
+
+class VLLMEngine:
+    """A vLLM `LLM` in this process, sampling with the precision given."""
+
+    def __init__(self, model_dir: str, cfg: EngineConfig, precision: str = "bf16", seed: int = 0, max_model_len: int | None = None):
+        from vllm import LLM
+
+        if precision not in PRECISIONS:
+            raise ValueError(f"engine precision {precision!r}; known: {sorted(PRECISIONS)}")
+        self.cfg = cfg
+        self.precision = PRECISIONS[precision]
+        self.on_gpu = torch.cuda.is_available()
+        eager = cfg.enforce_eager if cfg.enforce_eager is not None else not self.on_gpu
+        if self.precision.fp8_activations and not self.on_gpu:
+            eager = True  # the activation hooks must run: no compiled graph may bypass them
+        kwargs = dict(
+            model=str(model_dir),
+            dtype=cfg.dtype,
+            seed=seed,
+            max_logprobs=max(cfg.topk, 1) + 1,
+            logprobs_mode="processed_logprobs",
+            enforce_eager=eager,
+            kv_cache_dtype=self.precision.kv_cache_dtype,
+        )
+        if max_model_len:
+            kwargs["max_model_len"] = max_model_len
+        if self.on_gpu:
+            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        else:
+            kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_mib * 2**20
+        self.llm = LLM(**kwargs)
+        self.dtype = getattr(torch, cfg.dtype)
+        self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
+        self.eos_id = self.llm.llm_engine.model_config.hf_config.eos_token_id
+        if self.precision.fp8_activations:
+            (n,) = self.llm.collective_rpc(_worker_fp8_activation_hooks, args=(quant.BLOCK,))
+            if n == 0:
+                raise RuntimeError("fp8 engine: no linear layer found to quantize activations")
+        self.version = 0
+
+    def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+        self.llm.collective_rpc(_worker_load_weights, args=(self.precision.transform(state, self.dtype),))
+        self.llm.reset_prefix_cache()
+        self.version = version
+
+    def _params(self, n: int, seed: int | None, logprobs: int | None, greedy: bool = False):
+        from vllm import SamplingParams
+
+        c = self.cfg
+        return SamplingParams(
+            n=n,
+            temperature=0.0 if greedy else c.temperature,
+            top_p=c.top_p,
+            top_k=c.top_k,
+            min_p=c.min_p,
+            repetition_penalty=c.repetition_penalty,
+            presence_penalty=c.presence_penalty,
+            frequency_penalty=c.frequency_penalty,
+            max_tokens=c.max_tokens,
+            seed=seed,
+            logprobs=logprobs,
+            detokenize=False,
+            flat_logprobs=True,
+            skip_special_tokens=False,
+        )
+
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int, topk: int = 0) -> Rollout:
+        from vllm.inputs import TokensPrompt
+
+        k = min(topk, self.vocab_size) if topk > 0 else 0
+        seeds = request_seeds(seed, len(prompts))
+        params = [self._params(n, s, k) for s in seeds]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        prompt_ids, response_ids, group, logp, tk_ids, tk_logp = [], [], [], [], [], []
+        for i, out in enumerate(outs):
+            for o in out.outputs:
+                ids = list(o.token_ids)
+                lp = o.logprobs
+                prompt_ids.append(list(prompts[i]))
+                response_ids.append(ids)
+                group.append(i)
+                # FlatLogprobs: at each position the sampled token comes first, then the top-k by rank.
+                for pos, tok in enumerate(ids):
+                    s, e = lp.start_indices[pos], lp.end_indices[pos]
+                    if lp.token_ids[s] != tok:
+                        raise RuntimeError("vLLM logprobs do not start with the sampled token")
+                    logp.append(lp.logprobs[s])
+                    if k:
+                        tk_ids.append(lp.token_ids[s + 1 : e] if e - s > k else lp.token_ids[s:e])
+                        tk_logp.append(lp.logprobs[s + 1 : e] if e - s > k else lp.logprobs[s:e])
+        return Rollout(
+            prompt_ids=prompt_ids,
+            response_ids=response_ids,
+            group=torch.tensor(group, dtype=torch.long),
+            engine_logp=torch.tensor(logp, dtype=torch.float32),
+            topk_ids=torch.tensor(tk_ids, dtype=torch.long).reshape(-1, k) if k else None,
+            topk_logp=torch.tensor(tk_logp, dtype=torch.float32).reshape(-1, k) if k else None,
+            version=self.version,
+        )
+
+    def greedy(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+        from vllm.inputs import TokensPrompt
+
+        params = self._params(1, None, None, greedy=True)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+
+# --------------------------------------------------------------------------- samplers
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """A sampler of the grid: an engine precision and a sync schedule."""
+
+    name: str
+    precision: str
+    # True: synced to θ_t before every step; False: every `sync_every` steps.
+    always_synced: bool
+
+    def due(self, step: int, sync_every: int) -> bool:
+        """Whether the engine is synced to θ_t before sampling step `step` (0-based)."""
+        return self.always_synced or (step > 0 and step % sync_every == 0)
+
+
+SAMPLERS: dict[str, Sampler] = {}
+
+
+def register_sampler(s: Sampler) -> Sampler:
+    SAMPLERS[s.name] = s
+    return s
+
+
+for _s in (
+    Sampler("bf16", "bf16", True),
+    Sampler("fp8", "fp8", True),
+    Sampler("stale", "bf16", False),
+    Sampler("fp8_stale", "fp8", False),
+):
+    register_sampler(_s)
+
+
+def get_sampler(name: str) -> Sampler:
+    if name not in SAMPLERS:
+        raise KeyError(f"unknown sampler {name!r}; known: {sorted(SAMPLERS)}")
+    return SAMPLERS[name]
+
+
+@dataclass
+class EnginePool:
+    """One engine per precision, created on first use and reused (engine start costs seconds)."""
+
+    model_dir: str
+    cfg: EngineConfig
+    seed: int = 0
+    max_model_len: int | None = None
+    engines: dict[str, VLLMEngine] = field(default_factory=dict)
+
+    def get(self, precision: str) -> VLLMEngine:
+        if precision not in self.engines:
+            self.engines[precision] = VLLMEngine(self.model_dir, self.cfg, precision, self.seed, self.max_model_len)
+        return self.engines[precision]

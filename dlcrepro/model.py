@@ -1,0 +1,142 @@
+"""The trainer side: the tiny Qwen3 model, its character tokenizer, and trainer log-probabilities.
+
+The tiny model is a `transformers` `Qwen3ForCausalLM` built from the config file's `model`
+section; its character-level tokenizer is saved as tokenizer.json so that both transformers
+and vLLM load the directory.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+CHARS = "0123456789+-*/()=,>: "
+
+
+def build_tokenizer():
+    """Character-level tokenizer: one id per character of CHARS, plus pad/eos/unk."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {PAD: 0, EOS: 1, UNK: 2}
+    for c in CHARS:
+        vocab[c] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK, clean_up_tokenization_spaces=False
+    )
+
+
+def build_tiny_model(arch: dict, seed: int):
+    """A randomly initialised `Qwen3ForCausalLM` from the `model.arch` section of the config."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tok_len = len(CHARS) + 3
+    if arch["vocab_size"] < tok_len:
+        raise ValueError(f"model.arch.vocab_size={arch['vocab_size']} is below the tokenizer's {tok_len} tokens")
+    cfg = Qwen3Config(
+        **arch,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(cfg)
+
+
+def save_model_dir(model, tokenizer, out: Path) -> None:
+    """Write a model directory that transformers and vLLM both load (safetensors + tokenizer.json)."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    # vLLM reads the stop token from generation_config.json; make it explicit.
+    gen = {"eos_token_id": model.config.eos_token_id, "pad_token_id": model.config.pad_token_id}
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=1))
+
+
+def load_model(path: str | Path, dtype=torch.float32):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+# ----------------------------------------------------------------------------- token batches
+
+
+@dataclass
+class TokenBatch:
+    """Prompt+response sequences laid out for one trainer forward.
+
+    input_ids, attention_mask: `(B, L)`, right-padded.
+    rows, cols: `(N,)` where response token k sits: logits at `(rows[k], cols[k])` predict it.
+    tokens: `(N,)` the response token ids; seq: `(N,)` which sequence each token belongs to.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    rows: torch.Tensor
+    cols: torch.Tensor
+    tokens: torch.Tensor
+    seq: torch.Tensor
+
+    def to(self, device) -> "TokenBatch":
+        return TokenBatch(*(getattr(self, f).to(device) for f in ("input_ids", "attention_mask", "rows", "cols", "tokens", "seq")))
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.tokens.numel())
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def make_token_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int = 0) -> TokenBatch:
+    if len(prompts) != len(responses):
+        raise ValueError("make_token_batch: prompts and responses differ in length")
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    L = max(lengths)
+    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), L), dtype=torch.long)
+    rows, cols, toks, seq = [], [], [], []
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        s = list(p) + list(r)
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
+        for j in range(len(r)):
+            rows.append(i)
+            cols.append(len(p) + j - 1)
+            toks.append(r[j])
+            seq.append(i)
+    as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+    return TokenBatch(ids, mask, as_long(rows), as_long(cols), as_long(toks), as_long(seq))
+
+
+def response_logits(model, tb: TokenBatch, chunk: int = 1024) -> torch.Tensor:
+    """Trainer logits `(N, V)` in float32 at every response position (grad flows if enabled)."""
+    outs = []
+    for start in range(0, tb.num_seqs, chunk):
+        sl = slice(start, start + chunk)
+        logits = model(input_ids=tb.input_ids[sl], attention_mask=tb.attention_mask[sl]).logits
+        sel = (tb.rows >= start) & (tb.rows < start + chunk)
+        outs.append(logits[tb.rows[sel] - start, tb.cols[sel]].float())
+    return torch.cat(outs) if len(outs) > 1 else outs[0]
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log π(y|p) `(N,)` from logits `(N, V)` and tokens `(N,)`, with a float32 log-softmax."""
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[:, None]).squeeze(-1)

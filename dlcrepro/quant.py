@@ -1,0 +1,84 @@
+"""FP8 (e4m3) quantization shared by the CPU emulation and the GPU block-FP8 path.
+
+Weights: one scale per 128x128 block, scale = block amax / 448 (an all-zero block gets 1);
+activations: one scale per token per 1x128 group of input features, computed on the fly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+BLOCK = 128
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def fp8_block_quantize(w: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize a 2-D weight `(out, in)` to FP8 with one scale per `block x block` tile.
+
+    Returns `q` `(out, in)` in float8_e4m3fn and `scale_inv` `(ceil(out/block), ceil(in/block))`
+    in float32, so that `w ≈ q * scale_inv` tile by tile (vLLM's `weight_scale_inv` layout).
+    """
+    if w.dim() != 2:
+        raise ValueError(f"fp8_block_quantize: expected a 2-D weight, got shape {tuple(w.shape)}")
+    out_f, in_f = w.shape
+    nb_o, nb_i = _ceil_div(out_f, block), _ceil_div(in_f, block)
+    padded = torch.zeros(nb_o * block, nb_i * block, dtype=torch.float32, device=w.device)
+    padded[:out_f, :in_f] = w.float()
+    tiles = padded.view(nb_o, block, nb_i, block)
+    amax = tiles.abs().amax(dim=(1, 3))
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    q = (tiles / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    q = q.view(nb_o * block, nb_i * block)[:out_f, :in_f].contiguous()
+    return q, scale
+
+
+def fp8_block_dequantize(q: torch.Tensor, scale_inv: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
+    """Inverse of `fp8_block_quantize`: float32 `(out, in)` weight."""
+    out_f, in_f = q.shape
+    s = scale_inv.repeat_interleave(block, 0).repeat_interleave(block, 1)[:out_f, :in_f]
+    return q.float() * s
+
+
+def fp8_round_activations(x: torch.Tensor, group: int = BLOCK) -> torch.Tensor:
+    """Dynamic per-token activation quantization in 1 x `group` groups, returned dequantized.
+
+    `x` `(..., features)`; each token's features are split into groups of `group`, scaled by
+    group amax / 448, rounded to float8_e4m3fn and scaled back, in the input's dtype.
+    """
+    feats = x.shape[-1]
+    ng = _ceil_div(feats, group)
+    xf = x.float()
+    if ng * group != feats:
+        xf = torch.nn.functional.pad(xf, (0, ng * group - feats))
+    g = xf.reshape(*x.shape[:-1], ng, group)
+    amax = g.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    r = (g / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8).float() * scale
+    return r.reshape(*x.shape[:-1], ng * group)[..., :feats].to(x.dtype)
+
+
+def is_quantized_weight(name: str, tensor: torch.Tensor) -> bool:
+    """Linear weights of the decoder layers are FP8; embeddings, lm_head and norms stay BF16."""
+    return (
+        tensor.dim() == 2
+        and name.endswith(".weight")
+        and ".layers." in name
+        and "norm" not in name
+        and "embed" not in name
+    )
+
+
+def fp8_emulated_state_dict(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The weights an FP8 engine computes with: each linear weight block-FP8 rounded, in `dtype`."""
+    out = {}
+    for name, t in state.items():
+        if is_quantized_weight(name, t):
+            out[name] = fp8_block_dequantize(*fp8_block_quantize(t)).to(dtype)
+        else:
+            out[name] = t.to(dtype)
+    return out

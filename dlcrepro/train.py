@@ -1,0 +1,372 @@
+"""One grid cell: model x sampler x correction x seed, from warm start to summary.
+
+Each step, top to bottom: sync (schedule) → sample → score → trainer log-probs at θ_t and θ_s →
+resync check → on-policy probes → correction → deviation and floor → SGD update → eval →
+checkpoint. Every random draw is seeded from (seed, step, purpose), so a resumed run is
+identical to an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import math
+import time
+import zlib
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import yaml
+from tqdm import tqdm
+
+from . import countdown, data
+from .config import Config, to_dict
+from .corrections import CorrectionParams, TokenTerms, engine_distribution, get_correction
+from .diagnostics import dev_ratio, kl_rows, mismatch_metrics, off_support_share, squared_distance
+from .engine import Rollout, VLLMEngine, get_sampler
+from .model import TokenBatch, load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
+from .util import atomic_save, atomic_write_text, log
+
+PHASES = ("sync", "sample", "score", "logprobs", "resync", "probe", "correction", "update", "eval", "checkpoint")
+METRICS_FILE, SUMMARY_FILE, CONFIG_FILE, CKPT_FILE, LOG_FILE = (
+    "metrics.parquet",
+    "summary.json",
+    "config.yaml",
+    "checkpoint.pt",
+    "train.log",
+)
+
+
+def derive_seed(seed: int, step: int, purpose: str) -> int:
+    """A 32-bit seed that depends only on (run seed, step, purpose)."""
+    ss = np.random.SeedSequence([seed, step, zlib.crc32(purpose.encode())])
+    return int(ss.generate_state(1, dtype=np.uint32)[0])
+
+
+class PhaseTimer:
+    """Wall seconds per phase of the current step."""
+
+    def __init__(self):
+        self.sec = dict.fromkeys(PHASES, 0.0)
+
+    @contextmanager
+    def __call__(self, phase: str):
+        t = time.perf_counter()
+        yield
+        self.sec[phase] += time.perf_counter() - t
+
+
+@dataclass
+class Scored:
+    """A rollout laid out for the trainer, with rewards and per-token advantages."""
+
+    rollout: Rollout
+    tb: TokenBatch
+    rewards: torch.Tensor  # (B,)
+    adv_tok: torch.Tensor  # (N,)
+
+
+def advantages(rewards: torch.Tensor, group: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """`(B,)` A_i = r_i − mean(r over the responses of the same prompt) (no std scaling)."""
+    sums = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, rewards.double())
+    counts = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, torch.ones_like(rewards, dtype=torch.float64))
+    return (rewards.double() - (sums / counts)[group]).float()
+
+
+def flat_grad(loss: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)])
+
+
+def flat_params(params: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in params]).clone()
+
+
+@dataclass
+class Cell:
+    """The state of one run that a checkpoint holds."""
+
+    step: int = 0  # updates done
+    sampler_version: int = 0  # version of θ_s (= number of updates it has)
+    rows: list[dict] = field(default_factory=list)
+    resync_steps: list[int] = field(default_factory=list)
+
+
+class Trainer:
+    """Holds θ_t (policy), θ_s (sampler_model), θ_0 (initial_model) and the engines of one run."""
+
+    def __init__(self, cfg: Config, model_name: str, sampler: str, correction: str, seed: int, model_dir: Path):
+        self.cfg, self.seed = cfg, seed
+        self.tcfg = cfg.train_for(model_name)
+        self.sampler = get_sampler(sampler)
+        self.correction = get_correction(correction)
+        self.cparams = CorrectionParams(clip_c=self.tcfg.clip_c, ppo_eps=self.tcfg.ppo_eps)
+        mcfg = cfg.models[model_name]
+        self.autocast = torch.bfloat16 if mcfg.trainer_dtype == "bfloat16" else None
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer = load_tokenizer(model_dir)
+        self.train_problems, self.test_problems = data.load_problems(cfg.task)
+        self.train_prompts = data.encode_prompts(self.tokenizer, self.train_problems, cfg.task.prompt)
+        self.test_prompts = data.encode_prompts(self.tokenizer, self.test_problems, cfg.task.prompt)
+        self.policy = load_model(model_dir).to(self.device)
+        self.policy.train()
+        self.sampler_model = copy.deepcopy(self.policy).eval().requires_grad_(False)
+        self.initial_model = copy.deepcopy(self.policy).eval().requires_grad_(False)
+        self.params = [p for p in self.policy.parameters() if p.requires_grad]
+        self.opt = torch.optim.SGD(self.params, lr=self.tcfg.lr)
+        max_len = max(len(p) for p in self.train_prompts + self.test_prompts) + cfg.engine.max_tokens + 1
+        self.engine = VLLMEngine(str(model_dir), cfg.engine, self.sampler.precision, seed, max_len)
+        # The on-policy probe/eval engine is BF16 synced to θ_t: for the always-synced bf16 sampler
+        # that is the run's own engine.
+        shared = self.sampler.precision == "bf16" and self.sampler.always_synced
+        self.probe_engine = self.engine if shared else VLLMEngine(str(model_dir), cfg.engine, "bf16", seed, max_len)
+        self.probe_version = -1
+
+    # ------------------------------------------------------------------ pieces of a step
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach() for k, v in self.policy.state_dict().items()}
+
+    def sync_sampler(self, version: int) -> None:
+        """θ_s ← θ_t, pushed to the run's engine."""
+        self.sampler_model.load_state_dict(self.policy.state_dict())
+        self.engine.load_weights(self.state(), version)
+        if self.probe_engine is self.engine:
+            self.probe_version = version
+
+    def sync_probe(self, version: int) -> None:
+        if self.probe_version != version:
+            self.probe_engine.load_weights(self.state(), version)
+            self.probe_version = version
+
+    def prompts_for(self, step: int) -> list[int]:
+        rng = np.random.default_rng(derive_seed(self.seed, step, "prompts"))
+        return rng.choice(len(self.train_problems), size=self.tcfg.prompts_per_step, replace=False).tolist()
+
+    def score(self, rollout: Rollout, idx: list[int]) -> Scored:
+        problems = [self.train_problems[idx[g]] for g in rollout.group.tolist()]
+        rewards = torch.tensor(data.rewards(self.tokenizer, problems, rollout.response_ids), dtype=torch.float32)
+        adv = advantages(rewards, rollout.group, len(idx))
+        tb = make_token_batch(rollout.prompt_ids, rollout.response_ids, self.tokenizer.pad_token_id)
+        return Scored(rollout, tb.to(self.device), rewards, adv.to(self.device)[tb.seq])
+
+    def logits(self, model, tb: TokenBatch) -> torch.Tensor:
+        with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+            return response_logits(model, tb, self.tcfg.micro_batch)
+
+    def pg_grad(self, s: Scored) -> torch.Tensor:
+        """The on-policy `pg` gradient of a probe batch (mean over its tokens)."""
+        logp = token_logprobs(self.logits(self.policy, s.tb), s.tb.tokens)
+        return flat_grad(-(s.adv_tok * logp).mean(), self.params)
+
+    # ------------------------------------------------------------------ one step
+
+    def step(self, cell: Cell, timer: PhaseTimer) -> dict:
+        k = cell.step + 1  # the step being taken, 1-based
+        t = self.tcfg
+        with timer("sync"):
+            if k > 1 and self.sampler.due(k - 1, t.sync_every):
+                self.sync_sampler(cell.step)
+                cell.sampler_version = cell.step
+        idx = self.prompts_for(k)
+        prompts = [self.train_prompts[i] for i in idx]
+        resync, ess_presync = 0, math.nan
+        while True:
+            with timer("sample"):
+                purpose = "sample" if not resync else "resample"
+                rollout = self.engine.generate(prompts, t.responses_per_prompt, derive_seed(self.seed, k, purpose), self.cfg.engine.topk)
+            with timer("score"):
+                s = self.score(rollout, idx)
+            with timer("logprobs"):
+                with torch.no_grad():
+                    logp_s = torch.log_softmax(self.logits(self.sampler_model, s.tb), -1)
+                logits_t = self.logits(self.policy, s.tb)
+                logp_t = torch.log_softmax(logits_t.detach(), -1)
+                tok = s.tb.tokens[:, None]
+                e = rollout.engine_logp.to(self.device)
+                a, b = logp_s.gather(-1, tok).squeeze(-1), logp_t.gather(-1, tok).squeeze(-1)
+                mism = mismatch_metrics(e.cpu(), a.cpu(), b.cpu(), s.tb.seq.cpu(), s.tb.num_seqs)
+            with timer("resync"):
+                if self.correction.resync and not resync and mism["ess_lag"] < t.resync_ess:
+                    self.sync_sampler(cell.step)
+                    cell.sampler_version = cell.step
+                    cell.resync_steps.append(k)
+                    resync, ess_presync = 1, mism["ess_lag"]
+                    continue
+            break
+        row = {"step": k, "sync_version": cell.sampler_version, "resync": resync, "ess_lag_presync": ess_presync}
+        row["reward_mean"] = float(s.rewards.mean())
+        row["response_len_mean"] = float(rollout.lengths.double().mean())
+        row.update(mism)
+        row["kl_sampler"] = float(kl_rows(logp_s, logp_t).mean())
+
+        probing = k % t.probe_every == 0
+        with timer("probe"):
+            if probing:
+                self.sync_probe(cell.step)
+                probes = []
+                for purpose in ("probe1", "probe2"):
+                    r = self.probe_engine.generate(prompts, t.responses_per_prompt, derive_seed(self.seed, k, purpose))
+                    probes.append(self.score(r, idx))
+                g_on, g_on2 = (self.pg_grad(p) for p in probes)
+                with torch.no_grad():
+                    logp_0 = token_logprobs(self.logits(self.initial_model, probes[0].tb), probes[0].tb.tokens)
+                row["off_support"] = off_support_share(logp_0.cpu(), t.off_support_threshold)
+
+        with timer("correction"):
+            q = engine_distribution(rollout.topk_ids.to(self.device), rollout.topk_logp.to(self.device), logp_s)
+            terms = TokenTerms(logits_t, s.tb.tokens, s.adv_tok, e, a, b, q, logp_s)
+            updates = t.updates_per_batch if self.correction.multi_update else 1
+            theta_before = flat_params(self.params) if updates > 1 else None
+            g_c = flat_grad(self.correction.fn(terms, self.cparams), self.params)
+
+        with timer("update"):
+            for u in range(updates):
+                if u > 0:  # PPO's further epochs: fresh logits at the current θ, same θ_old
+                    terms.logits = self.logits(self.policy, s.tb)
+                    g_u = flat_grad(self.correction.fn(terms, self.cparams), self.params)
+                else:
+                    g_u = g_c
+                self._apply(g_u)
+            if updates > 1:  # the run's update direction over all its SGD steps
+                g_c = (theta_before - flat_params(self.params)) / t.lr
+        cell.step = k
+
+        if probing:
+            row["dev"] = squared_distance(g_c, g_on)
+            row["floor"] = squared_distance(g_on, g_on2)
+            row["dev_ratio"] = dev_ratio(row["dev"], row["floor"])
+        else:
+            row.update(off_support=math.nan, dev=math.nan, floor=math.nan, dev_ratio=math.nan)
+
+        with timer("eval"):
+            row["test_accuracy"] = self.evaluate(k) if (k % t.eval_every == 0 or k == t.steps) else math.nan
+        return row
+
+    def _apply(self, g: torch.Tensor) -> None:
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad = g[offset : offset + n].view_as(p).clone()
+            offset += n
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def evaluate(self, version: int) -> float:
+        """Greedy test accuracy of θ_t on the BF16 engine."""
+        self.sync_probe(version)
+        responses = self.probe_engine.greedy(self.test_prompts)
+        ok = [r == countdown.REWARD_CORRECT for r in data.rewards(self.tokenizer, self.test_problems, responses)]
+        return float(np.mean(ok))
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, path: Path, cell: Cell) -> None:
+        blob = {
+            "cell": cell.__dict__,
+            "policy": self.policy.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "sampler": self.sampler_model.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+        }
+        atomic_save(path, lambda tmp: torch.save(blob, tmp))
+
+    def load_checkpoint(self, path: Path) -> Cell:
+        blob = torch.load(path, map_location=self.device, weights_only=False)
+        self.policy.load_state_dict(blob["policy"])
+        self.opt.load_state_dict(blob["optimizer"])
+        self.sampler_model.load_state_dict(blob["sampler"])
+        torch.set_rng_state(blob["torch_rng"])
+        return Cell(**blob["cell"])
+
+
+def summarize(rows: list[dict], cell: Cell, meta: dict, seconds: dict) -> dict:
+    """The run's summary: final test accuracy, noise-floor multiple, ESS crossing, resync steps, seconds."""
+    df = pd.DataFrame(rows)
+    floor = df["floor"].sum(min_count=1)
+    multiple = float(df["dev"].sum() / floor) if floor and floor > 0 else math.nan
+    below = df.index[df["ess_lag"] < 0.5]
+    gauss_below = df.index[df["ess_lag_gauss"] < 0.5]
+    acc = df["test_accuracy"].dropna()
+    return {
+        **meta,
+        "steps": int(len(df)),
+        "final_test_accuracy": float(acc.iloc[-1]) if len(acc) else math.nan,
+        "noise_floor_multiple": multiple,
+        "ess_crossing_step": int(df.loc[below[0], "step"]) if len(below) else None,
+        "ess_gauss_crossing_step": int(df.loc[gauss_below[0], "step"]) if len(gauss_below) else None,
+        "resync_steps": list(cell.resync_steps),
+        "seconds_by_phase": {k: round(v, 2) for k, v in seconds.items()},
+    }
+
+
+def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, out: Path, model_dir: str | None = None) -> dict:
+    """Run (or resume, or return the finished) cell; write metrics, config, summary and log into `out`."""
+    out = Path(out)
+    if (out / SUMMARY_FILE).exists() and (out / METRICS_FILE).exists():
+        return json.loads((out / SUMMARY_FILE).read_text())
+    for name, value, known in (("model", model, cfg.models), ("sampler", sampler, None), ("correction", correction, None)):
+        if known is not None and value not in known:
+            raise KeyError(f"unknown {name} {value!r}; known: {sorted(known)}")
+    get_sampler(sampler), get_correction(correction)  # fail fast on unknown names
+    mdir = Path(model_dir) if model_dir else cfg.model_dir(model)
+    if not (mdir / "config.json").exists():
+        raise FileNotFoundError(f"model directory {mdir} has no config.json (run `python -m dlcrepro warmstart` first)")
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"model": model, "sampler": sampler, "correction": correction, "seed": seed, "model_dir": str(mdir)}
+    atomic_write_text(out / CONFIG_FILE, yaml.safe_dump({"cell": meta, "config": to_dict(cfg)}, sort_keys=False))
+    logf = open(out / LOG_FILE, "a")
+
+    def note(msg: str) -> None:
+        log(msg)
+        logf.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}\n")
+        logf.flush()
+
+    t0 = time.perf_counter()
+    torch.manual_seed(seed)
+    tr = Trainer(cfg, model, sampler, correction, seed, mdir)
+    setup_sec = time.perf_counter() - t0
+    ckpt = out / CKPT_FILE
+    if ckpt.exists():
+        cell = tr.load_checkpoint(ckpt)
+        note(f"resuming {out} from step {cell.step}")
+    else:
+        cell = Cell()
+        note(f"starting {out}: {meta}")
+    tr.engine.load_weights({k: v.detach() for k, v in tr.sampler_model.state_dict().items()}, cell.sampler_version)
+    if tr.probe_engine is tr.engine:
+        tr.probe_version = cell.sampler_version
+    totals = dict.fromkeys(PHASES, 0.0)
+    steps = tr.tcfg.steps
+    bar = tqdm(total=steps, initial=cell.step, desc=f"{model}/{sampler}/{correction}/seed{seed}", unit="step", mininterval=2.0)
+    while cell.step < steps:
+        timer = PhaseTimer()
+        row = tr.step(cell, timer)
+        if tr.tcfg.ckpt_every and cell.step % tr.tcfg.ckpt_every == 0 and cell.step < steps:
+            with timer("checkpoint"):
+                cell.rows.append({**row, **{f"sec_{p}": v for p, v in timer.sec.items()}})
+                tr.save_checkpoint(ckpt, cell)
+        else:
+            cell.rows.append({**row, **{f"sec_{p}": v for p, v in timer.sec.items()}})
+        for p_, v in timer.sec.items():
+            totals[p_] += v
+        bar.update(1)
+        bar.set_postfix(reward=f"{row['reward_mean']:+.2f}", ess=f"{row['ess_lag']:.2f}")
+        if row["resync"]:
+            note(f"step {cell.step}: lag ESS below {tr.tcfg.resync_ess}: resynchronized the sampler")
+    bar.close()
+    totals["setup"] = setup_sec
+    df = pd.DataFrame(cell.rows)
+    atomic_save(out / METRICS_FILE, lambda tmp: df.to_parquet(tmp, index=False))
+    summary = summarize(cell.rows, cell, meta, totals)
+    summary["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    atomic_write_text(out / SUMMARY_FILE, json.dumps(summary, indent=1))
+    ckpt.unlink(missing_ok=True)
+    note(f"finished {out}: {json.dumps({k: summary[k] for k in ('final_test_accuracy', 'noise_floor_multiple', 'resync_steps')})}")
+    logf.close()
+    return summary
