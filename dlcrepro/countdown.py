@@ -93,36 +93,26 @@ def generate(
 ) -> list[Problem]:
     """`n` distinct solvable problems, deterministic in `seed`.
 
-    Numbers are drawn uniformly from `number_range` (inclusive); the target uniformly among the
-    integers in `target_range` reachable with all of them (so every problem is solvable).
+    A problem is a multiset of `num_numbers` numbers from `number_range` (inclusive) and a target
+    in `target_range` reachable with all of them; problems are drawn uniformly among all such
+    distinct problems, and each problem's numbers are shown in a random order.
     """
     lo, hi = number_range
     tlo, thi = target_range
-    space = (hi - lo + 1) ** num_numbers
     rng = np.random.default_rng(seed)
-    seen: set = set()
-    out: list[Problem] = []
-    cache: dict[tuple[int, ...], list[int]] = {}
-    tries = 0
-    while len(out) < n:
-        tries += 1
-        if tries > 50 * n + 1000:
-            raise ValueError(
-                f"countdown: cannot draw {n} distinct solvable problems from numbers {number_range} "
-                f"x{num_numbers} and targets {target_range} (space {space})"
-            )
-        nums = tuple(int(x) for x in rng.integers(lo, hi + 1, size=num_numbers))
-        key = tuple(sorted(nums))
-        if key not in cache:
-            cache[key] = sorted(t for t in reachable_targets(nums) if tlo <= t <= thi)
-        targets = cache[key]
-        if not targets:
-            continue
-        p = Problem(nums, int(targets[rng.integers(len(targets))]))
-        if p.key in seen:
-            continue
-        seen.add(p.key)
-        out.append(p)
+    multisets = list(itertools.combinations_with_replacement(range(lo, hi + 1), num_numbers))
+    if len(multisets) > 200_000:
+        raise ValueError(f"countdown: numbers {number_range} x{num_numbers} give {len(multisets)} multisets; too many to enumerate")
+    space = [(m, t) for m in multisets for t in sorted(reachable_targets(m)) if tlo <= t <= thi]
+    if n > len(space):
+        raise ValueError(
+            f"countdown: cannot draw {n} distinct solvable problems from numbers {number_range} "
+            f"x{num_numbers} and targets {target_range}: only {len(space)} exist"
+        )
+    out = []
+    for i in rng.permutation(len(space))[:n]:
+        nums, target = space[i]
+        out.append(Problem(tuple(int(x) for x in rng.permutation(nums)), int(target)))
     return out
 
 

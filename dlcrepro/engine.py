@@ -21,7 +21,7 @@ from . import quant
 from .config import EngineConfig
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM warns per weight on every load
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 

@@ -1,0 +1,53 @@
+import pytest
+
+from dlcrepro.config import ConfigError, load
+from conftest import ROOT, SMOKE
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("engine.top_p", 0.9),
+        ("engine.top_k", 50),
+        ("engine.temperature", 0.7),
+        ("engine.min_p", 0.05),
+        ("engine.repetition_penalty", 1.1),
+        ("engine.retokenize", True),
+        ("engine.filter_by_reward", True),
+    ],
+)
+def test_alignment_breaking_values_are_refused_naming_the_key(key, value):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load(SMOKE, {key: value})
+
+
+def test_unknown_key_is_refused_with_the_known_ones():
+    with pytest.raises(ConfigError, match=r"train: unknown key\(s\) \['lrr'\]"):
+        load(SMOKE, {"train.lrr": 0.1})
+
+
+def test_unknown_grid_values_name_the_allowed_ones():
+    with pytest.raises(ConfigError, match="unknown correction 'dlcc'.*known"):
+        load(SMOKE, {"grid.corrections": ["dlcc"]})
+    with pytest.raises(ConfigError, match="unknown sampler 'fp4'"):
+        load(SMOKE, {"grid.samplers": ["fp4"]})
+
+
+def test_eval_every_must_be_a_multiple_of_probe_every():
+    with pytest.raises(ConfigError, match="eval_every"):
+        load(SMOKE, {"train.probe_every": 3, "train.eval_every": 4})
+
+
+def test_per_model_train_overrides():
+    cfg = load(SMOKE, {"models.tiny.train": {"lr": 0.05}})
+    assert cfg.train_for("tiny").lr == 0.05 and cfg.train.lr == 0.3
+
+
+def test_shipped_configs_load():
+    for name in ("tiny", "smoke"):
+        load(ROOT / "configs" / f"{name}.yaml")
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load(tmp_path / "nope.yaml")

@@ -1,0 +1,73 @@
+import math
+
+import torch
+
+from dlcrepro import diagnostics as d
+from dlcrepro.train import advantages, summarize, Cell
+
+
+def test_ess_of_equal_weights_is_one():
+    assert math.isclose(d.ess(torch.zeros(10)), 1.0)
+
+
+def test_ess_hand_case():
+    # w = [1, 3]: (4)^2 / (2 * 10) = 0.8
+    assert math.isclose(d.ess(torch.log(torch.tensor([1.0, 3.0], dtype=torch.float64))), 0.8, rel_tol=1e-12)
+
+
+def test_ess_is_scale_free_and_does_not_overflow():
+    lw = torch.tensor([1000.0, 1000.0 + math.log(3)], dtype=torch.float64)
+    assert math.isclose(d.ess(lw), 0.8, rel_tol=1e-9)
+
+
+def test_gaussian_ess_prediction():
+    lag = torch.tensor([-1.0, 1.0])  # variance 1
+    assert math.isclose(d.ess_gauss(lag), math.exp(-1), rel_tol=1e-12)
+
+
+def test_sequence_ess_uses_summed_lags():
+    lag = torch.tensor([0.5, 0.5, 0.0, 0.0], dtype=torch.float64)
+    seq = torch.tensor([0, 0, 1, 1])
+    m = d.mismatch_metrics(torch.zeros(4), torch.zeros(4), lag.float(), seq, 2)
+    w = torch.tensor([math.e, 1.0])
+    assert math.isclose(m["ess_lag_seq"], float(w.sum() ** 2 / (2 * (w * w).sum())), rel_tol=1e-6)
+
+
+def test_kl_rows_hand_case():
+    p = torch.log(torch.tensor([[0.5, 0.5]]))
+    q = torch.log(torch.tensor([[0.25, 0.75]]))
+    want = 0.5 * math.log(2) + 0.5 * math.log(0.5 / 0.75)
+    assert math.isclose(float(d.kl_rows(p, q)[0]), want, rel_tol=1e-6)
+
+
+def test_off_support_share():
+    logp0 = torch.log(torch.tensor([1e-4, 0.5, 2e-3, 1e-5]))
+    assert d.off_support_share(logp0, 1e-3) == 0.5
+
+
+def test_dev_ratio_is_nan_on_zero_floor():
+    assert math.isnan(d.dev_ratio(3.0, 0.0)) and d.dev_ratio(3.0, 1.5) == 2.0
+
+
+def test_advantage_is_reward_minus_group_mean():
+    r = torch.tensor([1.0, -1.0, -1.0, -1.0, 1.0, 1.0])
+    g = torch.tensor([0, 0, 0, 1, 1, 1])
+    assert torch.allclose(advantages(r, g, 2), torch.tensor([4 / 3, -2 / 3, -2 / 3, -4 / 3, 2 / 3, 2 / 3]))
+
+
+def test_summary_multiple_is_nan_when_every_floor_is_zero():
+    rows = [dict(step=k, dev=1.0, floor=0.0, ess_lag=1.0, ess_lag_gauss=1.0, test_accuracy=0.1) for k in (1, 2)]
+    s = summarize(rows, Cell(), {}, {})
+    assert math.isnan(s["noise_floor_multiple"])
+
+
+def test_summary_multiple_is_ratio_of_sums_and_crossings_are_first_steps():
+    rows = [
+        dict(step=1, dev=1.0, floor=1.0, ess_lag=0.9, ess_lag_gauss=0.6, test_accuracy=float("nan")),
+        dict(step=2, dev=5.0, floor=0.0, ess_lag=0.4, ess_lag_gauss=0.3, test_accuracy=0.2),
+        dict(step=3, dev=3.0, floor=1.0, ess_lag=0.3, ess_lag_gauss=0.2, test_accuracy=0.1),
+    ]
+    s = summarize(rows, Cell(), {}, {})
+    assert s["noise_floor_multiple"] == 9.0 / 2.0
+    assert s["ess_crossing_step"] == 2 and s["ess_gauss_crossing_step"] == 2
+    assert s["final_test_accuracy"] == 0.1

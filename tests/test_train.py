@@ -1,0 +1,100 @@
+"""One training cell through the CLI, on the smoke config and the real engines."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from conftest import ROOT, SMOKE
+
+pytestmark = pytest.mark.slow
+
+SPEC_COLUMNS = {
+    "step", "reward_mean", "response_len_mean", "sync_version", "resync",
+    "ess_lag", "ess_lag_gauss", "ess_lag_seq", "ess_total",
+    "discrepancy_mean", "discrepancy_mean_abs", "discrepancy_std", "lag_mean", "lag_mean_abs", "lag_std",
+    "kl_sampler", "dev", "floor", "dev_ratio", "off_support", "test_accuracy",
+}
+
+
+def train_cmd(model_dir, out, sampler="stale", correction="dlc", *sets):
+    cmd = [sys.executable, "-m", "dlcrepro", "train", "--config", str(SMOKE), "--model-dir", str(model_dir),
+           "--sampler", sampler, "--correction", correction, "--seed", "0", "--out", str(out)]
+    for s in sets:
+        cmd += ["--set", s]
+    return cmd
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, **kw)
+
+
+def test_cell_writes_metrics_config_summary_and_log(tiny_model_dir, tmp_path):
+    out = tmp_path / "cell"
+    p = run(train_cmd(tiny_model_dir, out, "fp8_stale", "dlc"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    df = pd.read_parquet(out / "metrics.parquet")
+    assert SPEC_COLUMNS <= set(df.columns)
+    assert list(df["step"]) == [1, 2, 3, 4]
+    assert {"sec_sample", "sec_probe", "sec_correction"} <= set(df.columns)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 4 and 0 <= summary["final_test_accuracy"] <= 1
+    assert set(summary["seconds_by_phase"]) >= {"sample", "probe", "eval"}
+    assert (out / "config.yaml").exists() and "starting" in (out / "train.log").read_text()
+    assert not (out / "checkpoint.pt").exists()  # only kept as long as a resume needs it
+    # accuracy at eval steps only; the first step is at θ_0 exactly: no lag
+    assert df["test_accuracy"].notna().tolist() == [False, True, False, True]
+    assert df.loc[0, "lag_mean_abs"] == 0.0 and df.loc[0, "ess_lag"] == 1.0
+    assert (df["discrepancy_mean_abs"] > 0).all()
+
+
+def test_kill_and_resume_gives_the_same_metrics_as_an_uninterrupted_run(tiny_model_dir, tmp_path):
+    sets = ("train.steps=6", "train.ckpt_every=2")
+    ref = tmp_path / "ref"
+    p = run(train_cmd(tiny_model_dir, ref, "stale", "is_center", *sets))
+    assert p.returncode == 0, p.stderr[-3000:]
+
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(train_cmd(tiny_model_dir, out, "stale", "is_center", *sets), cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (out / "checkpoint.pt").exists():
+        assert proc.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "summary.json").exists() and not (out / "metrics.parquet").exists()
+
+    p = run(train_cmd(tiny_model_dir, out, "stale", "is_center", *sets))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "resuming" in (out / "train.log").read_text()
+    a, b = (pd.read_parquet(d / "metrics.parquet") for d in (ref, out))
+    cols = [c for c in a.columns if not c.startswith("sec_")]
+    pd.testing.assert_frame_equal(a[cols], b[cols])
+
+
+def test_forced_threshold_resyncs_and_no_update_uses_a_batch_below_it(tiny_model_dir, tmp_path):
+    out = tmp_path / "resync"
+    p = run(train_cmd(tiny_model_dir, out, "stale", "is_resync", "train.resync_ess=0.9999", "train.steps=6"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    df = pd.read_parquet(out / "metrics.parquet")
+    summary = json.loads((out / "summary.json").read_text())
+    resynced = df.loc[df.resync == 1]
+    assert len(resynced) >= 1, "a stale sampler with a 0.9999 threshold must resync once the policy moves"
+    assert summary["resync_steps"] == resynced["step"].tolist()
+    assert (resynced["ess_lag_presync"] < 0.9999).all()  # the fresh batch was below the threshold
+    assert (resynced["sync_version"] == resynced["step"] - 1).all()  # the sampler now holds θ_t
+    assert (df["ess_lag"] >= 0.9999).all()  # no update used a batch below it
+    assert df.loc[df.resync == 0, "ess_lag_presync"].isna().all()
+
+
+def test_unknown_sampler_is_a_clear_error(tiny_model_dir, tmp_path):
+    p = run(train_cmd(tiny_model_dir, tmp_path / "x", "fp4", "dlc"))
+    assert p.returncode == 2 and "unknown sampler 'fp4'" in p.stderr
+    assert not (tmp_path / "x").exists()
