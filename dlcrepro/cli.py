@@ -52,6 +52,34 @@ def cmd_sample(args) -> int:
     return 0
 
 
+def cmd_collect(args) -> int:
+    from .analysis import collect
+    from .util import atomic_save
+
+    steps, runs = collect(args.summaries)
+    atomic_save(Path(args.out_steps), lambda tmp: steps.to_parquet(tmp, index=False))
+    atomic_save(Path(args.out_runs), lambda tmp: runs.to_parquet(tmp, index=False))
+    return 0
+
+
+def cmd_tables(args) -> int:
+    import pandas as pd
+
+    from .tables import write_all
+
+    write_all(pd.read_parquet(args.steps), pd.read_parquet(args.runs), Path(args.out), n_boot=args.n_boot)
+    return 0
+
+
+def cmd_figures(args) -> int:
+    import pandas as pd
+
+    from .figures import write_all
+
+    write_all(pd.read_parquet(args.steps), Path(args.out))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dlcrepro", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -82,6 +110,25 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--model-dir", help="model weights directory (default from the config)")
     s.set_defaults(fn=cmd_sample)
+
+    c = sub.add_parser("collect", help="gather every run's metrics and summary into two tables")
+    c.add_argument("summaries", nargs="+", help="summary.json files (metrics.parquet beside each)")
+    c.add_argument("--out-steps", required=True)
+    c.add_argument("--out-runs", required=True)
+    c.set_defaults(fn=cmd_collect)
+
+    tb = sub.add_parser("tables", help="write every paper table (.tex, .md, .csv)")
+    tb.add_argument("--steps", required=True)
+    tb.add_argument("--runs", required=True)
+    tb.add_argument("--out", default="paper_tables")
+    tb.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for Spearman intervals")
+    tb.set_defaults(fn=cmd_tables)
+
+    fg = sub.add_parser("figures", help="write every figure (.pdf, .png)")
+    fg.add_argument("--steps", required=True)
+    fg.add_argument("--runs", required=True)
+    fg.add_argument("--out", default="figures")
+    fg.set_defaults(fn=cmd_figures)
 
     args = p.parse_args(argv)
     from .config import ConfigError

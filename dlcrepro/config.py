@@ -116,6 +116,8 @@ class ModelConfig:
     trainer_dtype: str = "float32"
     # per-model overrides of the `train` section (e.g. a learning rate per model size).
     train: dict[str, Any] = field(default_factory=dict)
+    # Slurm resources of this model's training jobs (gpu, runtime, mem_mb, cpus_per_task); workflow only.
+    resources: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -173,6 +175,16 @@ class Config:
     name: str = "tiny"
     # directory of built artefacts (warm-started models).
     artifacts: str = "artifacts"
+    # workflow: root of per-cell results.
+    results_dir: str = "results"
+    # workflow: where figures are written.
+    figures_dir: str = "figures"
+    # workflow: where paper tables are written.
+    tables_dir: str = "paper_tables"
+    # workflow: the python that runs the package inside jobs ("" = the one running snakemake).
+    python: str = ""
+    # workflow: default Slurm resources of training jobs.
+    resources: dict[str, Any] = field(default_factory=dict)
     task: TaskConfig = field(default_factory=TaskConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

@@ -1,0 +1,24 @@
+# dlcrepro: the study as a DAG. models x samplers x corrections x seeds -> training cells ->
+# aggregates -> every table and figure. Default: the tiny CPU config; the paper:
+#   snakemake --profile slurm --configfile configs/paper.yaml
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+# --configfile replaces the default instead of being merged into it (a merge would leave the
+# tiny model inside the paper grid's config).
+if not workflow.overwrite_configfiles:
+
+    configfile: "configs/tiny.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/aggregate.smk"
+
+
+rule all:
+    input:
+        all_outputs(),
+    default_target: True

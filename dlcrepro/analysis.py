@@ -1,0 +1,208 @@
+"""Aggregates of SPEC.md ("Aggregates over a cell"): functions from tables to tables.
+
+`steps` is the per-step metrics of every run, with the run's identity columns RUN;
+`runs` has one row per run. Nothing here reads or writes files except `collect`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sstats
+
+RUN = ["model", "sampler", "correction", "seed"]
+CELL = ["model", "sampler", "correction"]
+REFERENCE = ("bf16", "pg")  # on-policy training: the run every accuracy drop is measured against
+RESYNC_CORRECTIONS = ("dlc", "is_resync")
+LEAVE_FLOOR_RATIO = 2.0  # a 3-step moving average of dev/floor above this has left the floor
+LEAVE_FLOOR_WINDOW = 3
+ESS_HALF = 0.5
+
+
+def collect(summary_paths: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Read each run's summary.json and the metrics.parquet beside it: (steps, runs)."""
+    steps, runs = [], []
+    for p in summary_paths:
+        p = Path(p)
+        s = json.loads(p.read_text())
+        m = pd.read_parquet(p.parent / "metrics.parquet")
+        for k in RUN:
+            m.insert(0, k, s[k]) if k not in m else None
+        steps.append(m)
+        runs.append({k: s[k] for k in RUN} | {
+            "final_test_accuracy": s["final_test_accuracy"],
+            "resync_steps": json.dumps(s["resync_steps"]),
+            "wall_seconds": s.get("wall_seconds", math.nan),
+        })
+    if not steps:
+        raise ValueError("collect: no runs given")
+    return pd.concat(steps, ignore_index=True), pd.DataFrame(runs)
+
+
+# ----------------------------------------------------------------------------- per run
+
+
+def noise_floor_multiple(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per run: M = Σ_t dev_t / Σ_t floor_t over probe steps; NaN where every floor is 0."""
+
+    def one(g):
+        floor = g["floor"].sum(min_count=1)
+        return float(g["dev"].sum() / floor) if floor and floor > 0 else math.nan
+
+    return steps.groupby(RUN).apply(one, include_groups=False).rename("noise_floor_multiple").reset_index()
+
+
+def leave_floor_step(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per run: first step whose trailing 3-step moving average of dev/floor exceeds 2 (NaN steps skipped)."""
+
+    def one(g):
+        g = g.sort_values("step")
+        ma = g["dev_ratio"].rolling(LEAVE_FLOOR_WINDOW, min_periods=1).mean()
+        hit = g.loc[ma > LEAVE_FLOOR_RATIO, "step"]
+        return int(hit.iloc[0]) if len(hit) else math.nan
+
+    return steps.groupby(RUN).apply(one, include_groups=False).rename("leave_floor_step").reset_index()
+
+
+def lag_ess_seen(steps: pd.DataFrame) -> pd.Series:
+    """The lag ESS of each step's fresh batch: before a resync replaced it, where one did."""
+    return steps["ess_lag_presync"].where(steps["ess_lag_presync"].notna(), steps["ess_lag"])
+
+
+def ess_crossings(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per run: first step with lag ESS < 1/2, and first step the Gaussian prediction exp(−Var λ) is."""
+    df = steps.assign(_ess=lag_ess_seen(steps))
+
+    def first(g, col):
+        hit = g.loc[g[col] < ESS_HALF, "step"]
+        return int(hit.min()) if len(hit) else math.nan
+
+    return (
+        df.groupby(RUN)
+        .apply(lambda g: pd.Series({"ess_crossing_step": first(g, "_ess"), "ess_gauss_crossing_step": first(g, "ess_lag_gauss")}), include_groups=False)
+        .reset_index()
+    )
+
+
+def per_run(steps: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per run with every per-run aggregate."""
+    out = runs.copy()
+    for f in (noise_floor_multiple, leave_floor_step, ess_crossings):
+        out = out.merge(f(steps), on=RUN, how="left")
+    return out
+
+
+def cell_stats(per_run_df: pd.DataFrame, col: str) -> pd.DataFrame:
+    """Mean ± sd over seeds of a per-run column, per cell (NaN runs are counted, not averaged)."""
+    g = per_run_df.groupby(CELL)[col]
+    return pd.DataFrame({"mean": g.mean(), "sd": g.std(ddof=1), "n_runs": g.size(), "n_valid": g.count()}).reset_index()
+
+
+# ----------------------------------------------------------------------------- accuracy drops and collapse
+
+
+def accuracy_drops(steps: pd.DataFrame, reference: tuple[str, str] = REFERENCE) -> pd.DataFrame:
+    """Per (non-reference run, eval step): drop = reference accuracy − this run's; collapse: drop ≥ ½ reference.
+
+    The reference is the `bf16`/`pg` run of the same model and seed at the same step.
+    """
+    ev = steps.loc[steps["test_accuracy"].notna()]
+    is_ref = (ev["sampler"] == reference[0]) & (ev["correction"] == reference[1])
+    ref = ev.loc[is_ref, ["model", "seed", "step", "test_accuracy"]].rename(columns={"test_accuracy": "reference_accuracy"})
+    cols = RUN + ["step", "test_accuracy", "off_support", "kl_sampler", "resync"]
+    out = ev.loc[~is_ref, cols].merge(ref, on=["model", "seed", "step"], how="inner")
+    out["drop"] = out["reference_accuracy"] - out["test_accuracy"]
+    out["collapse"] = (out["drop"] >= 0.5 * out["reference_accuracy"]) & (out["reference_accuracy"] > 0)
+    return out
+
+
+def cumulative_multiple(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per (run, step): M up to that step, Σ_{t≤s} dev_t / Σ_{t≤s} floor_t (NaN while the floor sum is 0)."""
+    df = steps.sort_values(RUN + ["step"])[RUN + ["step", "dev", "floor"]].copy()
+    g = df.groupby(RUN)
+    dev, floor = g["dev"].cumsum(), g["floor"].cumsum()
+    df["multiple_to_step"] = (dev / floor).where(floor > 0)
+    return df[RUN + ["step", "multiple_to_step"]]
+
+
+def off_support_summary(drops: pd.DataFrame, resync_corrections=RESYNC_CORRECTIONS) -> pd.DataFrame:
+    """Off-support share before / at collapse points, without and with resync, beside kl_sampler.
+
+    Before: the largest share at eval steps before a run's first collapse point (all eval steps of
+    runs that never collapse). At: the mean share at collapse points. kl_sampler at collapse
+    points is set beside its range over runs that never collapse (the healthy runs).
+    """
+    rows = []
+    d = drops.copy()
+    d["with_resync"] = d["correction"].isin(resync_corrections)
+    first_collapse = d.loc[d["collapse"]].groupby(RUN)["step"].min().rename("first_collapse")
+    d = d.merge(first_collapse.reset_index(), on=RUN, how="left")
+    healthy_runs = d.groupby(RUN)["collapse"].transform("sum") == 0
+    healthy_kl = d.loc[healthy_runs, "kl_sampler"]
+    for model, dm in list(d.groupby("model")) + [("pooled", d)]:
+        for resync, dr in dm.groupby("with_resync"):
+            before = dr.loc[dr["first_collapse"].isna() | (dr["step"] < dr["first_collapse"]), "off_support"]
+            at = dr.loc[dr["collapse"]]
+            hk = d.loc[healthy_runs & ((d["model"] == model) | (model == "pooled")), "kl_sampler"]
+            rows.append({
+                "model": model,
+                "resync": "with" if resync else "without",
+                "runs": dr.groupby(RUN).ngroups,
+                "collapse_points": int(len(at)),
+                "off_support_before_max": float(before.max()) if len(before) else math.nan,
+                "off_support_at_collapse_mean": float(at["off_support"].mean()) if len(at) else math.nan,
+                "kl_sampler_at_collapse_mean": float(at["kl_sampler"].mean()) if len(at) else math.nan,
+                "kl_sampler_healthy_min": float(hk.min()) if len(hk) else math.nan,
+                "kl_sampler_healthy_max": float(hk.max()) if len(hk) else math.nan,
+            })
+    del healthy_kl
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- Spearman
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    ok = ~(np.isnan(x) | np.isnan(y))
+    if ok.sum() < 3 or np.all(x[ok] == x[ok][0]) or np.all(y[ok] == y[ok][0]):
+        return math.nan
+    return float(sstats.spearmanr(x[ok], y[ok]).statistic)
+
+
+def bootstrap_spearman(df: pd.DataFrame, xcol: str, ycol: str, n_boot: int = 1000, seed: int = 0) -> tuple[float, float, float]:
+    """ρ(x, y) over all rows and its 95 % interval, resampling runs (not steps)."""
+    rho = spearman(df[xcol].to_numpy(float), df[ycol].to_numpy(float))
+    groups = [g for _, g in df.groupby(RUN)]
+    if len(groups) < 2 or math.isnan(rho):
+        return rho, math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    arrays = [(g[xcol].to_numpy(float), g[ycol].to_numpy(float)) for g in groups]
+    boots = []
+    for _ in range(n_boot):
+        pick = rng.integers(len(arrays), size=len(arrays))
+        x = np.concatenate([arrays[i][0] for i in pick])
+        y = np.concatenate([arrays[i][1] for i in pick])
+        r = spearman(x, y)
+        if not math.isnan(r):
+            boots.append(r)
+    if not boots:
+        return rho, math.nan, math.nan
+    lo, hi = np.percentile(boots, [2.5, 97.5])
+    return rho, float(lo), float(hi)
+
+
+def spearman_table(steps: pd.DataFrame, drops: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """ρ(off_support, drop) and ρ(M up to the step, drop) over (run, eval step) pairs, per model and pooled."""
+    pairs = drops.merge(cumulative_multiple(steps), on=RUN + ["step"], how="left")
+    rows = []
+    for model, d in list(pairs.groupby("model")) + [("pooled", pairs)]:
+        for name, col in (("off_support", "off_support"), ("noise_floor_multiple", "multiple_to_step")):
+            rho, lo, hi = bootstrap_spearman(d, col, "drop", n_boot, seed)
+            rows.append({"model": model, "measure": name, "rho": rho, "ci_low": lo, "ci_high": hi,
+                         "pairs": int(d[[col, "drop"]].dropna().shape[0]), "runs": d.groupby(RUN).ngroups})
+    return pd.DataFrame(rows)

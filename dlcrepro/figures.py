@@ -1,0 +1,124 @@
+"""The paper's figures, each as .pdf and .png, from the collected per-step table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from . import analysis as A  # noqa: E402
+from .util import atomic_save  # noqa: E402
+
+LAGGED = ("stale", "fp8_stale")
+
+
+def _save(fig, out: Path, name: str) -> None:
+    fig.tight_layout()
+    for ext in ("pdf", "png"):
+        atomic_save(out / f"{name}.{ext}", lambda tmp, e=ext: fig.savefig(tmp, format=e, dpi=130))
+    plt.close(fig)
+
+
+def _grid(n_rows: int, n_cols: int, w=4.2, h=3.2, **kw):
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(w * n_cols, h * n_rows), squeeze=False, **kw)
+    return fig, axes
+
+
+def mismatch(steps: pd.DataFrame, out: Path) -> None:
+    """|δ| and |λ| per step and sampler (mean over every run of the sampler): δ flat, λ growing when lagged."""
+    models = sorted(steps["model"].unique())
+    fig, axes = _grid(len(models), 2)
+    for i, m in enumerate(models):
+        d = steps.loc[steps["model"] == m]
+        for j, (col, label) in enumerate((("discrepancy_mean_abs", "mean |discrepancy δ| (nats/token)"), ("lag_mean_abs", "mean |lag λ| (nats/token)"))):
+            sns.lineplot(data=d, x="step", y=col, hue="sampler", ax=axes[i, j], errorbar=None)
+            axes[i, j].set(title=f"{m}", xlabel="step", ylabel=label)
+    _save(fig, out, "mismatch")
+
+
+def ess(steps: pd.DataFrame, out: Path) -> None:
+    """Lag ESS of the fresh batch (solid) and its Gaussian prediction (dashed) under lagged samplers, with the 1/2 line."""
+    d = steps.loc[steps["sampler"].isin(LAGGED)].assign(ess_seen=lambda x: A.lag_ess_seen(x))
+    models = sorted(steps["model"].unique())
+    fig, axes = _grid(len(models), len(LAGGED))
+    for i, m in enumerate(models):
+        for j, s in enumerate(LAGGED):
+            ax = axes[i, j]
+            ds = d.loc[(d["model"] == m) & (d["sampler"] == s)]
+            if len(ds):
+                sns.lineplot(data=ds, x="step", y="ess_seen", hue="correction", ax=ax, errorbar=None)
+                sns.lineplot(data=ds, x="step", y="ess_lag_gauss", hue="correction", ax=ax, errorbar=None, linestyle="--", legend=False)
+            ax.axhline(A.ESS_HALF, color="k", lw=0.8, ls=":", label="1/2")
+            ax.set(title=f"{m} / {s} (dashed: exp(−Var λ))", xlabel="step", ylabel="lag ESS (normalised)", ylim=(0, 1.05))
+    _save(fig, out, "ess")
+
+
+def noise_floor(steps: pd.DataFrame, out: Path) -> None:
+    """dev/floor per step (3-step moving average), per correction and sampler, log scale; the floor at 1."""
+    d = steps.sort_values(A.RUN + ["step"]).copy()
+    d["ratio_ma"] = d.groupby(A.RUN)["dev_ratio"].transform(lambda x: x.rolling(A.LEAVE_FLOOR_WINDOW, min_periods=1).mean())
+    models, samplers = sorted(d["model"].unique()), [s for s in ("bf16", "fp8", "stale", "fp8_stale") if s in set(d["sampler"])]
+    fig, axes = _grid(len(models), len(samplers), sharey=True)
+    for i, m in enumerate(models):
+        for j, s in enumerate(samplers):
+            ax = axes[i, j]
+            sns.lineplot(data=d.loc[(d["model"] == m) & (d["sampler"] == s)], x="step", y="ratio_ma", hue="correction", ax=ax, errorbar=None)
+            ax.axhline(1.0, color="k", lw=0.8, ls=":", label="noise floor")
+            ax.axhline(A.LEAVE_FLOOR_RATIO, color="grey", lw=0.8, ls="--", label="2x floor")
+            ax.set(yscale="log", title=f"{m} / {s}", xlabel="step", ylabel="dev / floor (3-step mean)")
+    _save(fig, out, "noise_floor")
+
+
+def accuracy(steps: pd.DataFrame, out: Path) -> None:
+    """Greedy test accuracy at eval steps, per correction and sampler (mean over seeds)."""
+    d = steps.loc[steps["test_accuracy"].notna()]
+    models, samplers = sorted(d["model"].unique()), [s for s in ("bf16", "fp8", "stale", "fp8_stale") if s in set(d["sampler"])]
+    fig, axes = _grid(len(models), len(samplers), sharey=True)
+    for i, m in enumerate(models):
+        for j, s in enumerate(samplers):
+            ax = axes[i, j]
+            sns.lineplot(data=d.loc[(d["model"] == m) & (d["sampler"] == s)], x="step", y="test_accuracy", hue="correction", ax=ax, errorbar=None, marker="o")
+            ax.set(title=f"{m} / {s}", xlabel="step", ylabel="greedy test accuracy")
+    _save(fig, out, "accuracy")
+
+
+def off_support_kl(steps: pd.DataFrame, out: Path) -> None:
+    """Off-support share (trainer side) beside kl_sampler (what a sampler-side monitor sees), lagged samplers."""
+    d = steps.loc[steps["sampler"].isin(LAGGED)].copy()
+    d["resync"] = d["correction"].isin(A.RESYNC_CORRECTIONS).map({True: "with resync", False: "without resync"})
+    models = sorted(d["model"].unique())
+    fig, axes = _grid(len(models), 2)
+    for i, m in enumerate(models):
+        dm = d.loc[d["model"] == m]
+        sns.lineplot(data=dm, x="step", y="off_support", hue="correction", style="resync", ax=axes[i, 0], errorbar=None)
+        axes[i, 0].set(title=f"{m}: off-support share (P(y|θ_0) < 1e-3)", xlabel="step", ylabel="share of probe tokens")
+        sns.lineplot(data=dm, x="step", y="kl_sampler", hue="correction", style="resync", ax=axes[i, 1], errorbar=None)
+        axes[i, 1].set(title=f"{m}: KL(π_s ‖ π_t) on sampled prefixes", xlabel="step", ylabel="nats / token")
+    _save(fig, out, "off_support_kl")
+
+
+def off_support_drop(steps: pd.DataFrame, out: Path) -> None:
+    """Off-support share vs accuracy drop over (run, eval step) pairs, with ρ."""
+    drops = A.accuracy_drops(steps)
+    fig, ax = plt.subplots(figsize=(5.5, 4.2))
+    if len(drops):
+        sns.scatterplot(data=drops, x="off_support", y="drop", hue="correction", style="sampler", ax=ax)
+        rho = A.spearman(drops["off_support"].to_numpy(float), drops["drop"].to_numpy(float))
+        ax.set_title(f"Spearman ρ = {rho:.2f} over {len(drops)} (run, eval step) pairs")
+    ax.set(xlabel="off-support share", ylabel="accuracy drop vs bf16/pg (same seed, step)")
+    _save(fig, out, "off_support_drop")
+
+
+FIGURES = {f.__name__: f for f in (mismatch, ess, noise_floor, accuracy, off_support_kl, off_support_drop)}
+
+
+def write_all(steps: pd.DataFrame, out: Path) -> None:
+    out = Path(out)
+    sns.set_theme(style="whitegrid", context="paper")
+    for f in FIGURES.values():
+        f(steps, out)

@@ -1,0 +1,58 @@
+# Cheap local rules: per-step tables of all cells -> aggregates -> tables and figures.
+# Rerun one alone with e.g. `snakemake --forcerun figures figures/ess.png`.
+
+
+localrules:
+    collect,
+    tables,
+    figures,
+
+
+rule collect:
+    input:
+        metrics=cell_outputs("metrics.parquet"),
+        summaries=cell_outputs("summary.json"),
+    output:
+        steps=f"{AGG}/steps.parquet",
+        runs=f"{AGG}/runs.parquet",
+    log:
+        "logs/collect.log",
+    shell:
+        "{PYTHON} -m dlcrepro collect --out-steps {output.steps} --out-runs {output.runs} "
+        "{input.summaries} > {log} 2>&1"
+
+
+rule tables:
+    input:
+        steps=f"{AGG}/steps.parquet",
+        runs=f"{AGG}/runs.parquet",
+    output:
+        [
+            report(f"{TABLES}/{t}.{ext}", category="Tables", caption="../report/tables.rst")
+            if ext == "csv"
+            else f"{TABLES}/{t}.{ext}"
+            for t in TABLE_NAMES
+            for ext in ("tex", "md", "csv")
+        ],
+    log:
+        "logs/tables.log",
+    shell:
+        "{PYTHON} -m dlcrepro tables --steps {input.steps} --runs {input.runs} --out {TABLES} > {log} 2>&1"
+
+
+rule figures:
+    input:
+        steps=f"{AGG}/steps.parquet",
+        runs=f"{AGG}/runs.parquet",
+    output:
+        [
+            report(f"{FIGURES}/{f}.png", category="Figures", caption=f"../report/{f}.rst")
+            if ext == "png"
+            else f"{FIGURES}/{f}.{ext}"
+            for f in FIGURE_NAMES
+            for ext in ("pdf", "png")
+        ],
+    log:
+        "logs/figures.log",
+    shell:
+        "{PYTHON} -m dlcrepro figures --steps {input.steps} --runs {input.runs} --out {FIGURES} > {log} 2>&1"

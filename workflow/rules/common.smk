@@ -1,0 +1,112 @@
+# Helpers of the workflow: config validation, the grid table, paths. No rule lives here.
+import itertools
+import sys
+from pathlib import Path
+
+import yaml
+from snakemake.utils import validate
+
+validate(config, schema="../schemas/config.schema.yaml")
+
+RESULTS = config.get("results_dir", "results")
+FIGURES = config.get("figures_dir", "figures")
+TABLES = config.get("tables_dir", "paper_tables")
+ARTIFACTS = config.get("artifacts", "artifacts")
+AGG = f"{RESULTS}/_aggregate"
+PYTHON = config.get("python") or sys.executable  # default: the python running snakemake
+
+
+def _excluded(cell, rules):
+    return any(all(str(cell[k]) == str(v) for k, v in r.items()) for r in rules)
+
+
+def grid_cells():
+    """The grid as a list of dicts, exclusions removed (the grid is data, not code)."""
+    g = config["grid"]
+    cells = [
+        dict(model=m, sampler=s, correction=c, seed=int(k))
+        for m, s, c, k in itertools.product(g["models"], g["samplers"], g["corrections"], g["seeds"])
+    ]
+    return [c for c in cells if not _excluded(c, g.get("exclude", []))]
+
+
+CELLS = grid_cells()
+
+
+def _alternatives(values):
+    return "|".join(sorted(str(v) for v in set(values)))
+
+
+wildcard_constraints:
+    model=_alternatives(config["grid"]["models"]),
+    sampler=_alternatives(config["grid"]["samplers"]),
+    correction=_alternatives(config["grid"]["corrections"]),
+    seed=_alternatives(config["grid"]["seeds"]),
+
+
+def cell_dir(model, sampler, correction, seed):
+    return f"{RESULTS}/{model}/{sampler}/{correction}/seed{seed}"
+
+
+def cell_dir_of(wildcards):
+    return cell_dir(wildcards.model, wildcards.sampler, wildcards.correction, wildcards.seed)
+
+
+def cell_outputs(name):
+    return [cell_dir(**c) + f"/{name}" for c in CELLS]
+
+
+TRAIN_SECTIONS = ("name", "artifacts", "task", "engine", "train")
+
+
+def train_config_path(model):
+    """A file with exactly what training the model depends on, rewritten only when that changes:
+    editing a plot option never reruns a training job, editing `train.lr` reruns them all."""
+    sub = {k: config[k] for k in TRAIN_SECTIONS if k in config}
+    sub["models"] = {model: config["models"][model]}
+    text = yaml.safe_dump(sub, sort_keys=True)
+    path = Path(RESULTS) / "_config" / f"{model}.yaml"
+    if not path.exists() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return str(path)
+
+
+def train_config_input(wildcards):
+    return train_config_path(wildcards.model)
+
+
+def model_input(wildcards):
+    """The weights a cell starts from: the warm-start output for tiny models, else nothing to build."""
+    m = config["models"][wildcards.model]
+    if m.get("kind", "tiny") == "tiny":
+        return f"{ARTIFACTS}/{wildcards.model}/model/config.json"
+    return []
+
+
+def model_dir_arg(wildcards):
+    m = config["models"][wildcards.model]
+    if m.get("kind", "tiny") == "tiny":
+        return f"{ARTIFACTS}/{wildcards.model}/model"
+    return m["path"]
+
+
+def train_resources(name, default):
+    """Resources of training jobs: per-model values from config, else the default."""
+
+    def get(wildcards):
+        return config["models"][wildcards.model].get("resources", {}).get(name, config.get("resources", {}).get(name, default))
+
+    return get
+
+
+TABLE_NAMES = ["noise_floor", "accuracy", "ess_crossing", "resync", "off_support", "spearman", "findings"]
+FIGURE_NAMES = ["mismatch", "ess", "noise_floor", "accuracy", "off_support_kl", "off_support_drop"]
+
+
+def all_outputs():
+    tables = [f"{TABLES}/{t}.{ext}" for t in TABLE_NAMES for ext in ("tex", "md", "csv")]
+    figures = [f"{FIGURES}/{f}.{ext}" for f in FIGURE_NAMES for ext in ("pdf", "png")]
+    return tables + figures

@@ -1,0 +1,40 @@
+# The expensive jobs: the warm start of a tiny model and one training cell per grid entry.
+# Both call the package through `shell:` so that editing analysis code never reruns them.
+
+
+rule warmstart:
+    input:
+        cfg=train_config_input,
+    output:
+        model=f"{ARTIFACTS}/{{model}}/model/config.json",
+        summary=f"{ARTIFACTS}/{{model}}/warmstart.json",
+    log:
+        f"logs/warmstart/{{model}}.log",
+    threads: 2
+    shell:
+        "{PYTHON} -m dlcrepro warmstart --config {input.cfg} --model {wildcards.model} "
+        "--out {ARTIFACTS}/{wildcards.model} > {log} 2>&1"
+
+
+rule train:
+    input:
+        cfg=train_config_input,
+        model=model_input,
+    output:
+        metrics=f"{RESULTS}/{{model}}/{{sampler}}/{{correction}}/seed{{seed}}/metrics.parquet",
+        summary=f"{RESULTS}/{{model}}/{{sampler}}/{{correction}}/seed{{seed}}/summary.json",
+    log:
+        f"logs/train/{{model}}/{{sampler}}/{{correction}}/seed{{seed}}.log",
+    params:
+        model_dir=model_dir_arg,
+        out=cell_dir_of,
+    threads: 1
+    resources:
+        gpu=train_resources("gpu", 0),
+        runtime=train_resources("runtime", 30),
+        mem_mb=train_resources("mem_mb", 4000),
+        cpus_per_task=train_resources("cpus_per_task", 1),
+    shell:
+        "{PYTHON} -m dlcrepro train --config {input.cfg} --model {wildcards.model} "
+        "--model-dir {params.model_dir} --sampler {wildcards.sampler} "
+        "--correction {wildcards.correction} --seed {wildcards.seed} --out {params.out} > {log} 2>&1"
