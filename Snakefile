@@ -19,6 +19,6 @@ include: "workflow/rules/aggregate.smk"
 
 
 rule all:
+    default_target: True
     input:
         all_outputs(),
-    default_target: True

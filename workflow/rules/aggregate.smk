@@ -17,8 +17,12 @@ rule collect:
         runs=f"{AGG}/runs.parquet",
     log:
         "logs/collect.log",
+    conda:
+        ANALYSIS_ENV
+    params:
+        python=PYTHON,
     shell:
-        "{PYTHON} -m dlcrepro collect --out-steps {output.steps} --out-runs {output.runs} "
+        "{params.python} -m dlcrepro collect --out-steps {output.steps} --out-runs {output.runs} "
         "{input.summaries} > {log} 2>&1"
 
 
@@ -28,16 +32,27 @@ rule tables:
         runs=f"{AGG}/runs.parquet",
     output:
         [
-            report(f"{TABLES}/{t}.{ext}", category="Tables", caption="../report/tables.rst")
-            if ext == "csv"
-            else f"{TABLES}/{t}.{ext}"
+            (
+                report(
+                    f"{TABLES}/{t}.{ext}",
+                    category="Tables",
+                    caption="../report/tables.rst",
+                )
+                if ext == "csv"
+                else f"{TABLES}/{t}.{ext}"
+            )
             for t in TABLE_NAMES
             for ext in ("tex", "md", "csv")
         ],
     log:
         "logs/tables.log",
+    conda:
+        ANALYSIS_ENV
+    params:
+        python=PYTHON,
+        out=output_parent,
     shell:
-        "{PYTHON} -m dlcrepro tables --steps {input.steps} --runs {input.runs} --out {TABLES} > {log} 2>&1"
+        "{params.python} -m dlcrepro tables --steps {input.steps} --runs {input.runs} --out {params.out} > {log} 2>&1"
 
 
 rule figures:
@@ -46,13 +61,24 @@ rule figures:
         runs=f"{AGG}/runs.parquet",
     output:
         [
-            report(f"{FIGURES}/{f}.png", category="Figures", caption=f"../report/{f}.rst")
-            if ext == "png"
-            else f"{FIGURES}/{f}.{ext}"
+            (
+                report(
+                    f"{FIGURES}/{f}.png",
+                    category="Figures",
+                    caption=f"../report/{f}.rst",
+                )
+                if ext == "png"
+                else f"{FIGURES}/{f}.{ext}"
+            )
             for f in FIGURE_NAMES
             for ext in ("pdf", "png")
         ],
     log:
         "logs/figures.log",
+    conda:
+        ANALYSIS_ENV
+    params:
+        python=PYTHON,
+        out=output_parent,
     shell:
-        "{PYTHON} -m dlcrepro figures --steps {input.steps} --runs {input.runs} --out {FIGURES} > {log} 2>&1"
+        "{params.python} -m dlcrepro figures --steps {input.steps} --runs {input.runs} --out {params.out} > {log} 2>&1"

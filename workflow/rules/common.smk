@@ -5,6 +5,7 @@ from pathlib import Path
 
 import yaml
 from snakemake.utils import validate
+from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 validate(config, schema="../schemas/config.schema.yaml")
 
@@ -13,7 +14,20 @@ FIGURES = config.get("figures_dir", "figures")
 TABLES = config.get("tables_dir", "paper_tables")
 ARTIFACTS = config.get("artifacts", "artifacts")
 AGG = f"{RESULTS}/_aggregate"
-PYTHON = config.get("python") or sys.executable  # default: the python running snakemake
+
+
+def _python():
+    """The python of jobs: config `python`; else the env's under --sdm conda; else snakemake's own."""
+    if config.get("python"):
+        return config["python"]
+    if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
+        return "python"
+    return sys.executable
+
+
+PYTHON = _python()
+TRAIN_ENV = config.get("train_env", "../../envs/train-cpu.yaml")
+ANALYSIS_ENV = "../../envs/analysis.yaml"
 
 
 def _excluded(cell, rules):
@@ -25,7 +39,9 @@ def grid_cells():
     g = config["grid"]
     cells = [
         dict(model=m, sampler=s, correction=c, seed=int(k))
-        for m, s, c, k in itertools.product(g["models"], g["samplers"], g["corrections"], g["seeds"])
+        for m, s, c, k in itertools.product(
+            g["models"], g["samplers"], g["corrections"], g["seeds"]
+        )
     ]
     return [c for c in cells if not _excluded(c, g.get("exclude", []))]
 
@@ -48,12 +64,13 @@ def cell_dir(model, sampler, correction, seed):
     return f"{RESULTS}/{model}/{sampler}/{correction}/seed{seed}"
 
 
-def cell_dir_of(wildcards):
-    return cell_dir(wildcards.model, wildcards.sampler, wildcards.correction, wildcards.seed)
+def output_parent(wildcards, output):
+    """The directory of a rule's last output (a cell's dir, the tables' or figures' dir)."""
+    return str(Path(output[-1]).parent)
 
 
 def cell_outputs(name):
-    return [cell_dir(**c) + f"/{name}" for c in CELLS]
+    return [str(Path(cell_dir(**c), name)) for c in CELLS]
 
 
 TRAIN_SECTIONS = ("name", "artifacts", "task", "engine", "train")
@@ -61,7 +78,8 @@ TRAIN_SECTIONS = ("name", "artifacts", "task", "engine", "train")
 
 def train_config_path(model):
     """A file with exactly what training the model depends on, rewritten only when that changes:
-    editing a plot option never reruns a training job, editing `train.lr` reruns them all."""
+    editing a plot option never reruns a training job, editing `train.lr` reruns them all.
+    """
     sub = {k: config[k] for k in TRAIN_SECTIONS if k in config}
     sub["models"] = {model: config["models"][model]}
     text = yaml.safe_dump(sub, sort_keys=True)
@@ -97,16 +115,37 @@ def train_resources(name, default):
     """Resources of training jobs: per-model values from config, else the default."""
 
     def get(wildcards):
-        return config["models"][wildcards.model].get("resources", {}).get(name, config.get("resources", {}).get(name, default))
+        return (
+            config["models"][wildcards.model]
+            .get("resources", {})
+            .get(name, config.get("resources", {}).get(name, default))
+        )
 
     return get
 
 
-TABLE_NAMES = ["noise_floor", "accuracy", "ess_crossing", "resync", "off_support", "spearman", "findings"]
-FIGURE_NAMES = ["mismatch", "ess", "noise_floor", "accuracy", "off_support_kl", "off_support_drop"]
+TABLE_NAMES = [
+    "noise_floor",
+    "accuracy",
+    "ess_crossing",
+    "resync",
+    "off_support",
+    "spearman",
+    "findings",
+]
+FIGURE_NAMES = [
+    "mismatch",
+    "ess",
+    "noise_floor",
+    "accuracy",
+    "off_support_kl",
+    "off_support_drop",
+]
 
 
 def all_outputs():
-    tables = [f"{TABLES}/{t}.{ext}" for t in TABLE_NAMES for ext in ("tex", "md", "csv")]
+    tables = [
+        f"{TABLES}/{t}.{ext}" for t in TABLE_NAMES for ext in ("tex", "md", "csv")
+    ]
     figures = [f"{FIGURES}/{f}.{ext}" for f in FIGURE_NAMES for ext in ("pdf", "png")]
     return tables + figures

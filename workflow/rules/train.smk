@@ -10,10 +10,15 @@ rule warmstart:
         summary=f"{ARTIFACTS}/{{model}}/warmstart.json",
     log:
         f"logs/warmstart/{{model}}.log",
+    conda:
+        TRAIN_ENV
     threads: 2
+    params:
+        python=PYTHON,
+        out=output_parent,
     shell:
-        "{PYTHON} -m dlcrepro warmstart --config {input.cfg} --model {wildcards.model} "
-        "--out {ARTIFACTS}/{wildcards.model} > {log} 2>&1"
+        "{params.python} -m dlcrepro warmstart --config {input.cfg} --model {wildcards.model} "
+        "--out {params.out} > {log} 2>&1"
 
 
 rule train:
@@ -25,16 +30,19 @@ rule train:
         summary=f"{RESULTS}/{{model}}/{{sampler}}/{{correction}}/seed{{seed}}/summary.json",
     log:
         f"logs/train/{{model}}/{{sampler}}/{{correction}}/seed{{seed}}.log",
-    params:
-        model_dir=model_dir_arg,
-        out=cell_dir_of,
+    conda:
+        TRAIN_ENV
     threads: 1
     resources:
         gpu=train_resources("gpu", 0),
         runtime=train_resources("runtime", 30),
         mem_mb=train_resources("mem_mb", 4000),
         cpus_per_task=train_resources("cpus_per_task", 1),
+    params:
+        python=PYTHON,
+        model_dir=model_dir_arg,
+        out=output_parent,
     shell:
-        "{PYTHON} -m dlcrepro train --config {input.cfg} --model {wildcards.model} "
+        "{params.python} -m dlcrepro train --config {input.cfg} --model {wildcards.model} "
         "--model-dir {params.model_dir} --sampler {wildcards.sampler} "
         "--correction {wildcards.correction} --seed {wildcards.seed} --out {params.out} > {log} 2>&1"
