@@ -16,7 +16,7 @@ rule collect:
         steps=f"{AGG}/steps.parquet",
         runs=f"{AGG}/runs.parquet",
     log:
-        "logs/collect.log",
+        f"{LOGS}/collect.log",
     conda:
         ANALYSIS_ENV
     params:
@@ -45,7 +45,7 @@ rule tables:
             for ext in ("tex", "md", "csv")
         ],
     log:
-        "logs/tables.log",
+        f"{LOGS}/tables.log",
     conda:
         ANALYSIS_ENV
     params:
@@ -74,7 +74,7 @@ rule figures:
             for ext in ("pdf", "png")
         ],
     log:
-        "logs/figures.log",
+        f"{LOGS}/figures.log",
     conda:
         ANALYSIS_ENV
     params:

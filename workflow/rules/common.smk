@@ -14,6 +14,7 @@ FIGURES = config.get("figures_dir", "figures")
 TABLES = config.get("tables_dir", "paper_tables")
 ARTIFACTS = config.get("artifacts", "artifacts")
 AGG = f"{RESULTS}/_aggregate"
+LOGS = f"{RESULTS}/_logs"
 
 
 def _python():

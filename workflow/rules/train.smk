@@ -9,7 +9,7 @@ rule warmstart:
         model=f"{ARTIFACTS}/{{model}}/model/config.json",
         summary=f"{ARTIFACTS}/{{model}}/warmstart.json",
     log:
-        f"logs/warmstart/{{model}}.log",
+        f"{LOGS}/warmstart/{{model}}.log",
     conda:
         TRAIN_ENV
     threads: 2
@@ -29,7 +29,7 @@ rule train:
         metrics=f"{RESULTS}/{{model}}/{{sampler}}/{{correction}}/seed{{seed}}/metrics.parquet",
         summary=f"{RESULTS}/{{model}}/{{sampler}}/{{correction}}/seed{{seed}}/summary.json",
     log:
-        f"logs/train/{{model}}/{{sampler}}/{{correction}}/seed{{seed}}.log",
+        f"{LOGS}/train/{{model}}/{{sampler}}/{{correction}}/seed{{seed}}.log",
     conda:
         TRAIN_ENV
     threads: 1

@@ -1,0 +1,123 @@
+"""Aggregates on hand-made metrics tables whose answers are known."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dlcrepro import analysis as A
+from dlcrepro import tables as T
+
+NAN = math.nan
+
+
+def run_rows(model, sampler, correction, seed, **cols):
+    n = len(next(iter(cols.values())))
+    base = dict(model=model, sampler=sampler, correction=correction, seed=seed, step=list(range(1, n + 1)))
+    defaults = dict(dev=[1.0] * n, floor=[1.0] * n, ess_lag=[1.0] * n, ess_lag_presync=[NAN] * n, ess_lag_gauss=[1.0] * n,
+                    test_accuracy=[NAN] * n, off_support=[0.0] * n, kl_sampler=[0.0] * n, resync=[0] * n)
+    df = pd.DataFrame({**base, **defaults, **cols})
+    df["dev_ratio"] = np.where(df["floor"] > 0, df["dev"] / df["floor"].where(df["floor"] > 0), np.nan)
+    return df
+
+
+def test_noise_floor_multiple_is_ratio_of_sums_and_nan_without_floor():
+    steps = pd.concat([
+        run_rows("m", "stale", "is", 0, dev=[1.0, 2.0, 9.0], floor=[1.0, 1.0, 1.0]),
+        run_rows("m", "stale", "pg", 0, dev=[1.0, 2.0, 9.0], floor=[0.0, 0.0, 0.0]),
+        run_rows("m", "stale", "dlc", 0, dev=[1.0, 5.0, 1.0], floor=[1.0, 0.0, 1.0]),  # a zero floor adds nothing
+    ])
+    m = A.noise_floor_multiple(steps).set_index("correction")["noise_floor_multiple"]
+    assert m["is"] == 4.0 and math.isnan(m["pg"]) and m["dlc"] == 3.5
+
+
+def test_leave_floor_step_uses_trailing_three_step_average_above_two():
+    # ratios 1, 1, 5 -> MA 1, 1, 2.33: leaves at step 3; ratios 1, 3, 1, 1 -> MA 1, 2, 1.67, 1.67: never
+    steps = pd.concat([
+        run_rows("m", "stale", "is", 0, dev=[1.0, 1.0, 5.0]),
+        run_rows("m", "stale", "pg", 0, dev=[1.0, 3.0, 1.0, 1.0]),
+    ])
+    s = A.leave_floor_step(steps).set_index("correction")["leave_floor_step"]
+    assert s["is"] == 3 and math.isnan(s["pg"])
+
+
+def test_ess_crossing_sees_the_batch_before_a_resync():
+    steps = run_rows("m", "stale", "dlc", 0, ess_lag=[0.9, 1.0, 0.45], ess_lag_presync=[NAN, 0.4, NAN],
+                     ess_lag_gauss=[0.8, 0.6, 0.3])
+    c = A.ess_crossings(steps).iloc[0]
+    assert c["ess_crossing_step"] == 2 and c["ess_gauss_crossing_step"] == 3
+
+
+def test_accuracy_drop_and_collapse_against_bf16_pg_of_same_seed_and_step():
+    acc = [NAN, 0.4, NAN, 0.4]
+    steps = pd.concat([
+        run_rows("m", "bf16", "pg", 0, test_accuracy=acc),
+        run_rows("m", "bf16", "pg", 1, test_accuracy=[NAN, 0.1, NAN, 0.1]),
+        run_rows("m", "stale", "center", 0, test_accuracy=[NAN, 0.3, NAN, 0.2], off_support=[0, 0.1, 0, 0.8]),
+        run_rows("m", "stale", "center", 1, test_accuracy=[NAN, 0.1, NAN, 0.0]),
+    ])
+    d = A.accuracy_drops(steps).sort_values(["seed", "step"]).reset_index(drop=True)
+    assert d["drop"].round(6).tolist() == [0.1, 0.2, 0.0, 0.1]
+    assert d["collapse"].tolist() == [False, True, False, True]  # drop >= half the reference
+    assert (d["correction"] != "pg").all()
+
+
+def test_cumulative_multiple():
+    steps = run_rows("m", "stale", "is", 0, dev=[1.0, 3.0, 2.0], floor=[0.0, 1.0, 1.0])
+    c = A.cumulative_multiple(steps)["multiple_to_step"].tolist()
+    assert math.isnan(c[0]) and c[1] == 4.0 and c[2] == 3.0
+
+
+def test_spearman_bootstrap_resamples_runs_and_is_one_for_monotone_pairs():
+    rows = []
+    for seed in range(4):
+        for step, x in enumerate([0.1, 0.2, 0.3], start=1):
+            rows.append(dict(model="m", sampler="stale", correction="pg", seed=seed, step=step, x=x + seed, y=2 * (x + seed)))
+    df = pd.DataFrame(rows)
+    rho, lo, hi = A.bootstrap_spearman(df, "x", "y", n_boot=200)
+    assert rho == 1.0 and lo == 1.0 and hi == 1.0
+
+
+def test_spearman_is_nan_on_constant_input():
+    assert math.isnan(A.spearman(np.ones(5), np.arange(5.0)))
+
+
+def test_off_support_before_and_at_collapse_with_and_without_resync():
+    ref = [NAN, 0.4, NAN, 0.4, NAN, 0.4]
+    steps = pd.concat([
+        run_rows("m", "bf16", "pg", 0, test_accuracy=ref),
+        run_rows("m", "stale", "center", 0, test_accuracy=[NAN, 0.35, NAN, 0.1, NAN, 0.0],
+                 off_support=[0, 0.05, 0, 0.9, 0, 0.95], kl_sampler=[0, 0.2, 0, 0.3, 0, 0.4]),
+        run_rows("m", "stale", "dlc", 0, test_accuracy=[NAN, 0.4, NAN, 0.38, NAN, 0.39],
+                 off_support=[0, 0.02, 0, 0.08, 0, 0.1], kl_sampler=[0, 0.1, 0, 0.5, 0, 0.2]),
+    ])
+    t = A.off_support_summary(A.accuracy_drops(steps)).set_index(["model", "resync"])
+    no, yes = t.loc[("m", "without")], t.loc[("m", "with")]
+    assert no["collapse_points"] == 2 and no["off_support_before_max"] == 0.05
+    assert no["off_support_at_collapse_mean"] == pytest.approx(0.925)
+    assert yes["collapse_points"] == 0 and yes["off_support_before_max"] == 0.1
+    assert no["kl_sampler_at_collapse_mean"] == pytest.approx(0.35)
+    assert (no["kl_sampler_healthy_min"], no["kl_sampler_healthy_max"]) == (0.1, 0.5)
+
+
+def test_tables_are_written_in_three_formats_with_the_paper_beside(tmp_path):
+    steps = pd.concat([
+        run_rows("m", s, c, k, dev=list(np.arange(1.0, 5.0) * (1 + k)), test_accuracy=[NAN, 0.3, NAN, 0.2 + 0.05 * k],
+                 off_support=[0, 0.1 * k, 0, 0.2])
+        for s in ("bf16", "stale") for c in ("pg", "is", "dlc") for k in (0, 1)
+    ])
+    runs = steps.groupby(A.RUN).agg(final_test_accuracy=("test_accuracy", "last")).reset_index()
+    runs["resync_steps"] = json.dumps([])
+    T.write_all(steps, runs, tmp_path, n_boot=50)
+    for name in T.CAPTIONS:
+        for ext in ("tex", "md", "csv"):
+            assert (tmp_path / f"{name}.{ext}").stat().st_size > 0
+    assert r"\toprule" in (tmp_path / "noise_floor.tex").read_text()
+    nf = pd.read_csv(tmp_path / "noise_floor.csv")
+    row = nf.loc[(nf.sampler == "stale") & (nf.correction == "is")].iloc[0]
+    assert row["paper"] == "115x (F10)"
+    assert row["mean"] == pytest.approx(np.mean([2.5, 5.0]))  # dev = (1..4)·(1+k), floor 1 each: M = 2.5, 5
+    findings = pd.read_csv(tmp_path / "findings.csv")
+    assert findings["finding"].tolist() == [f"F{i}" for i in range(1, 14)]

