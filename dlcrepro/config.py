@@ -183,6 +183,8 @@ class Config:
     tables_dir: str = "paper_tables"
     # workflow: the python that runs the package inside jobs ("" = the one running snakemake).
     python: str = ""
+    # workflow: conda env file of training jobs under --sdm conda (repo-relative).
+    train_env: str = "envs/train-cpu.yaml"
     # workflow: default Slurm resources of training jobs.
     resources: dict[str, Any] = field(default_factory=dict)
     task: TaskConfig = field(default_factory=TaskConfig)

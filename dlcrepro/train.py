@@ -133,9 +133,10 @@ class Trainer:
         return {k: v.detach() for k, v in self.policy.state_dict().items()}
 
     def sync_sampler(self, version: int) -> None:
-        """θ_s ← θ_t, pushed to the run's engine."""
+        """θ_s ← θ_t, pushed to the run's engine (unless it already holds that version of θ_t)."""
         self.sampler_model.load_state_dict(self.policy.state_dict())
-        self.engine.load_weights(self.state(), version)
+        if self.engine.version != version:
+            self.engine.load_weights(self.state(), version)
         if self.probe_engine is self.engine:
             self.probe_version = version
 
