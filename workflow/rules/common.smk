@@ -27,7 +27,7 @@ def _python():
 
 
 PYTHON = _python()
-TRAIN_ENV = "../../" + config.get("train_env", "envs/train-cpu.yaml")  # rule files sit two levels down
+TRAIN_ENV = f"../../{config.get('train_env', 'envs/train-cpu.yaml')}"  # rule files sit two levels down
 ANALYSIS_ENV = "../../envs/analysis.yaml"
 
 
