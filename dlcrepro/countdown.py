@@ -39,15 +39,17 @@ class Problem:
 # ----------------------------------------------------------------------------- solver
 
 
-def _combine(a: Fraction, b: Fraction) -> Iterator[tuple[Fraction, str]]:
+def _combine(a: Fraction, b: Fraction, nice: bool) -> Iterator[tuple[Fraction, str]]:
+    """a op b; `nice` keeps every intermediate a non-negative integer (the solutions people write)."""
     yield a + b, "+"
-    yield a - b, "-"
+    if not nice or a >= b:
+        yield a - b, "-"
     yield a * b, "*"
-    if b != 0:
+    if b != 0 and (not nice or a % b == 0):
         yield a / b, "/"
 
 
-def _reach(items: tuple[tuple[Fraction, str], ...]) -> Iterator[tuple[Fraction, str]]:
+def _reach(items: tuple[tuple[Fraction, str], ...], nice: bool = False) -> Iterator[tuple[Fraction, str]]:
     """All (value, expression) pairs that use every item exactly once."""
     if len(items) == 1:
         yield items[0]
@@ -55,8 +57,8 @@ def _reach(items: tuple[tuple[Fraction, str], ...]) -> Iterator[tuple[Fraction, 
     for i, j in itertools.permutations(range(len(items)), 2):
         rest = tuple(x for k, x in enumerate(items) if k not in (i, j))
         (va, ea), (vb, eb) = items[i], items[j]
-        for v, op in _combine(va, vb):
-            yield from _reach(rest + ((v, f"({ea}{op}{eb})"),))
+        for v, op in _combine(va, vb, nice):
+            yield from _reach(((v, f"({ea}{op}{eb})"),) + rest, nice)
 
 
 def _leaves(numbers: Sequence[int]) -> tuple[tuple[Fraction, str], ...]:
@@ -64,20 +66,21 @@ def _leaves(numbers: Sequence[int]) -> tuple[tuple[Fraction, str], ...]:
 
 
 def solve(numbers: Sequence[int], target: int) -> str | None:
-    """A fully parenthesised expression using every number once that equals `target`, or None."""
-    for value, expr in _reach(_leaves(numbers)):
-        if value == target:
-            return expr[1:-1] if len(numbers) > 1 else expr
+    """An expression using every number once that equals `target`, or None.
+
+    Solutions whose intermediate values are all non-negative integers come first: they are the
+    ones the warm start teaches, one consistent kind of answer per problem.
+    """
+    for nice in (True, False):
+        for value, expr in _reach(_leaves(numbers), nice):
+            if value == target:
+                return expr[1:-1] if len(numbers) > 1 else expr
     return None
 
 
-def reachable_targets(numbers: Sequence[int]) -> dict[int, str]:
-    """Every integer value reachable with all numbers, mapped to the first expression found."""
-    out: dict[int, str] = {}
-    for value, expr in _reach(_leaves(numbers)):
-        if value.denominator == 1 and int(value) not in out:
-            out[int(value)] = expr[1:-1] if len(numbers) > 1 else expr
-    return out
+def reachable_targets(numbers: Sequence[int]) -> set[int]:
+    """Every integer value reachable with all the numbers."""
+    return {int(v) for v, _ in _reach(_leaves(numbers)) if v.denominator == 1}
 
 
 # ----------------------------------------------------------------------------- generator

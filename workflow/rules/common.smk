@@ -18,11 +18,14 @@ LOGS = f"{RESULTS}/_logs"
 
 
 def _python():
-    """The python of jobs: config `python`; else the env's under --sdm conda; else snakemake's own."""
+    """The python of jobs: config `python`; the env's under --sdm conda; the repo's .venv (made by
+    scripts/setup.sh) when snakemake runs from another env; else snakemake's own."""
     if config.get("python"):
         return config["python"]
     if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
         return "python"
+    if Path(".venv/bin/python").exists():
+        return ".venv/bin/python"
     return sys.executable
 
 
