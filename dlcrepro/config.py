@@ -198,11 +198,14 @@ class Config:
         return _build(TrainConfig, {**dataclasses.asdict(self.train), **self.models[model].train}, f"models.{model}.train")
 
     def model_dir(self, model: str) -> Path:
-        """Where the model's weights are: the warm-start output for tiny models, else its path."""
+        """Where the model's weights are: the warm-start output for tiny models, else its local
+        path or Hugging Face cache snapshot (never downloaded)."""
         m = self.models[model]
         if m.kind == "tiny":
             return Path(self.artifacts) / model / "model"
-        return Path(m.path)
+        from .data import resolve_local
+
+        return resolve_local(m.path, "model", f"models.{model}.path")
 
 
 def _build(cls, data: Any, where: str):

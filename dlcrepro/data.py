@@ -11,20 +11,35 @@ from .config import ConfigError, TaskConfig
 from .countdown import Problem
 
 
-def resolve_dataset_path(path: str) -> Path:
-    """A local file/directory, or a Hugging Face dataset id found in the local cache (never downloaded)."""
+def hf_hub_cache() -> Path:
+    """The Hugging Face hub cache directory ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    return Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser() / "hub"
+
+
+def resolve_local(path: str, kind: str, key: str) -> Path:
+    """A local path, or a Hugging Face `kind` ("model" or "dataset") id found in the local cache.
+
+    Never downloads: jobs run with HF_HUB_OFFLINE=1, so a missing item is an error saying how to
+    fetch it on a login node.
+    """
     p = Path(path).expanduser()
     if p.exists():
         return p
-    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser() / "hub")
-    cached = hub / ("datasets--" + path.replace("/", "--"))
-    snaps = sorted((cached / "snapshots").glob("*")) if cached.exists() else []
+    hub = hf_hub_cache()
+    snaps = sorted((hub / f"{kind}s--{path.replace('/', '--')}" / "snapshots").glob("*"))
     if snaps:
         return snaps[-1]
+    flag = " --repo-type dataset" if kind == "dataset" else ""
     raise ConfigError(
-        f"task.path={path!r}: no such file and not in the Hugging Face cache ({hub}). "
-        f"Fetch it on a login node first: `huggingface-cli download --repo-type dataset {path}`"
+        f"{key}={path!r}: no such path and not in the Hugging Face cache ({hub}). "
+        f"Fetch it on a login node first: `huggingface-cli download{flag} {path}`"
     )
+
+
+def resolve_dataset_path(path: str) -> Path:
+    return resolve_local(path, "dataset", "task.path")
 
 
 def load_problems(task: TaskConfig) -> tuple[list[Problem], list[Problem]]:

@@ -317,7 +317,8 @@ def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, 
     get_sampler(sampler), get_correction(correction)  # fail fast on unknown names
     mdir = Path(model_dir) if model_dir else cfg.model_dir(model)
     if not (mdir / "config.json").exists():
-        raise FileNotFoundError(f"model directory {mdir} has no config.json (run `python -m dlcrepro warmstart` first)")
+        hint = "run `python -m dlcrepro warmstart` first" if cfg.models[model].kind == "tiny" else "is it a model directory?"
+        raise FileNotFoundError(f"model directory {mdir} has no config.json ({hint})")
     out.mkdir(parents=True, exist_ok=True)
     meta = {"model": model, "sampler": sampler, "correction": correction, "seed": seed, "model_dir": str(mdir)}
     atomic_write_text(out / CONFIG_FILE, yaml.safe_dump({"cell": meta, "config": to_dict(cfg)}, sort_keys=False))

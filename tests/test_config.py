@@ -44,10 +44,39 @@ def test_per_model_train_overrides():
 
 
 def test_shipped_configs_load():
-    for name in ("tiny", "smoke"):
+    for name in ("tiny", "smoke", "paper"):
         load(ROOT / "configs" / f"{name}.yaml")
 
 
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load(tmp_path / "nope.yaml")
+
+
+def test_hf_model_missing_from_cache_says_how_to_fetch_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    cfg = load(ROOT / "configs" / "paper.yaml")
+    with pytest.raises(ConfigError, match=r"models\.qwen3-0\.6b\.path='Qwen/Qwen3-0\.6B'.*huggingface-cli download Qwen/Qwen3-0\.6B"):
+        cfg.model_dir("qwen3-0.6b")
+
+
+def test_hf_model_and_dataset_found_in_the_cache(tmp_path, monkeypatch):
+    from dlcrepro.data import resolve_dataset_path
+
+    hub = tmp_path / "hub"
+    snap = hub / "models--Qwen--Qwen3-0.6B" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    data = hub / "datasets--Jiayi-Pan--Countdown-Tasks-3to4" / "snapshots" / "def456"
+    data.mkdir(parents=True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    cfg = load(ROOT / "configs" / "paper.yaml")
+    assert cfg.model_dir("qwen3-0.6b") == snap
+    assert resolve_dataset_path(cfg.task.path) == data
+
+
+def test_missing_dataset_says_how_to_fetch_it(tmp_path, monkeypatch):
+    from dlcrepro.data import resolve_dataset_path
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(ConfigError, match="--repo-type dataset Jiayi-Pan/Countdown-Tasks-3to4"):
+        resolve_dataset_path("Jiayi-Pan/Countdown-Tasks-3to4")
