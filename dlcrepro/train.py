@@ -9,7 +9,6 @@ identical to an uninterrupted one.
 from __future__ import annotations
 
 import copy
-import io
 import json
 import math
 import time
@@ -24,7 +23,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from . import countdown, data
+from . import analysis, countdown, data
 from .config import Config, to_dict
 from .corrections import CorrectionParams, TokenTerms, engine_distribution, get_correction
 from .diagnostics import dev_ratio, kl_rows, mismatch_metrics, off_support_share, squared_distance
@@ -287,20 +286,25 @@ class Trainer:
 
 
 def summarize(rows: list[dict], cell: Cell, meta: dict, seconds: dict) -> dict:
-    """The run's summary: final test accuracy, noise-floor multiple, ESS crossing, resync steps, seconds."""
-    df = pd.DataFrame(rows)
-    floor = df["floor"].sum(min_count=1)
-    multiple = float(df["dev"].sum() / floor) if floor and floor > 0 else math.nan
-    below = df.index[df["ess_lag"] < 0.5]
-    gauss_below = df.index[df["ess_lag_gauss"] < 0.5]
+    """The run's summary: final test accuracy, noise-floor multiple, ESS crossings, resync steps, seconds.
+
+    The aggregates are analysis.py's, applied to this one run: each is defined once.
+    """
+    ids = {k: meta.get(k, "") for k in analysis.RUN}
+    df = pd.DataFrame(rows).assign(**ids)
+    if "ess_lag_presync" not in df:
+        df["ess_lag_presync"] = math.nan
+    one = lambda f, col: f(df)[col].iloc[0]  # noqa: E731
     acc = df["test_accuracy"].dropna()
+    as_int = lambda x: None if pd.isna(x) else int(x)  # noqa: E731
     return {
         **meta,
         "steps": int(len(df)),
         "final_test_accuracy": float(acc.iloc[-1]) if len(acc) else math.nan,
-        "noise_floor_multiple": multiple,
-        "ess_crossing_step": int(df.loc[below[0], "step"]) if len(below) else None,
-        "ess_gauss_crossing_step": int(df.loc[gauss_below[0], "step"]) if len(gauss_below) else None,
+        "noise_floor_multiple": float(one(analysis.noise_floor_multiple, "noise_floor_multiple")),
+        "leave_floor_step": as_int(one(analysis.leave_floor_step, "leave_floor_step")),
+        "ess_crossing_step": as_int(one(analysis.ess_crossings, "ess_crossing_step")),
+        "ess_gauss_crossing_step": as_int(one(analysis.ess_crossings, "ess_gauss_crossing_step")),
         "resync_steps": list(cell.resync_steps),
         "seconds_by_phase": {k: round(v, 2) for k, v in seconds.items()},
     }

@@ -56,18 +56,20 @@ def test_advantage_is_reward_minus_group_mean():
 
 
 def test_summary_multiple_is_nan_when_every_floor_is_zero():
-    rows = [dict(step=k, dev=1.0, floor=0.0, ess_lag=1.0, ess_lag_gauss=1.0, test_accuracy=0.1) for k in (1, 2)]
+    rows = [dict(step=k, dev=1.0, floor=0.0, dev_ratio=float("nan"), ess_lag=1.0, ess_lag_gauss=1.0, test_accuracy=0.1) for k in (1, 2)]
     s = summarize(rows, Cell(), {}, {})
     assert math.isnan(s["noise_floor_multiple"])
 
 
 def test_summary_multiple_is_ratio_of_sums_and_crossings_are_first_steps():
+    nan = float("nan")
     rows = [
-        dict(step=1, dev=1.0, floor=1.0, ess_lag=0.9, ess_lag_gauss=0.6, test_accuracy=float("nan")),
-        dict(step=2, dev=5.0, floor=0.0, ess_lag=0.4, ess_lag_gauss=0.3, test_accuracy=0.2),
-        dict(step=3, dev=3.0, floor=1.0, ess_lag=0.3, ess_lag_gauss=0.2, test_accuracy=0.1),
+        dict(step=1, dev=1.0, floor=1.0, dev_ratio=1.0, ess_lag=0.9, ess_lag_presync=nan, ess_lag_gauss=0.6, test_accuracy=nan),
+        dict(step=2, dev=5.0, floor=0.0, dev_ratio=nan, ess_lag=1.0, ess_lag_presync=0.4, ess_lag_gauss=0.3, test_accuracy=0.2),
+        dict(step=3, dev=3.0, floor=1.0, dev_ratio=3.0, ess_lag=0.3, ess_lag_presync=nan, ess_lag_gauss=0.2, test_accuracy=0.1),
     ]
     s = summarize(rows, Cell(), {}, {})
     assert s["noise_floor_multiple"] == 9.0 / 2.0
-    assert s["ess_crossing_step"] == 2 and s["ess_gauss_crossing_step"] == 2
+    assert s["ess_crossing_step"] == 2 and s["ess_gauss_crossing_step"] == 2  # step 2's fresh batch, before its resync
+    assert s["leave_floor_step"] is None  # moving averages 1, 1, 2
     assert s["final_test_accuracy"] == 0.1

@@ -1,8 +1,6 @@
 """One training cell through the CLI, on the smoke config and the real engines."""
 
 import json
-import math
-import os
 import signal
 import subprocess
 import sys

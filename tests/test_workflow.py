@@ -5,14 +5,13 @@ import shutil
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 import yaml
 
 from conftest import ROOT
 
-SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--nolock"]  # tests write to their own dirs
 
 
 def snakemake(*args, timeout=1200):
