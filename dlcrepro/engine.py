@@ -131,8 +131,11 @@ class VLLMEngine:
         self.precision = PRECISIONS[precision]
         self.on_gpu = torch.cuda.is_available()
         eager = cfg.enforce_eager if cfg.enforce_eager is not None else not self.on_gpu
-        if self.precision.fp8_activations and not self.on_gpu:
-            eager = True  # the activation hooks must run: no compiled graph may bypass them
+        if self.precision.fp8_activations:
+            # The emulation's activation hooks must run: no compiled graph may bypass them. (vLLM's
+            # native block-FP8 path on GPU is the paper-path issue; until it lands the GPU runs this
+            # same emulation, eagerly.)
+            eager = True
         kwargs = dict(
             model=str(model_dir),
             dtype=cfg.dtype,
