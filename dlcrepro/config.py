@@ -96,7 +96,8 @@ class WarmstartConfig:
     batch: int = 128
     # AdamW learning rate (cosine decay to 10 %).
     lr: float = 2e-3
-    # stop early after this many seconds (0 = no limit); the step count reached is recorded.
+    # wall-second budget (0 = none): the cosine schedule follows whichever of steps and seconds runs
+    # out first, and training stops there; the step count reached is recorded in warmstart.json.
     max_seconds: float = 0.0
     # seed of initialisation and batch order.
     seed: int = 0

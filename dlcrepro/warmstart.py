@@ -43,9 +43,14 @@ def warmstart(cfg: Config, model_name: str, out: Path | None = None) -> dict:
     prompts = data.encode_prompts(tokenizer, train, cfg.task.prompt)
     answers = [tokenizer(countdown.solve(p.numbers, p.target), add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for p in train]
     opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s / ws.steps, 1.0))))
     rng = np.random.default_rng(ws.seed)
     t0 = time.time()
+
+    def progress(step: int) -> float:
+        """Share of the budget used: steps, or wall seconds when `max_seconds` runs out first."""
+        p = step / ws.steps
+        return min(max(p, (time.time() - t0) / ws.max_seconds) if ws.max_seconds else p, 1.0)
+
     model.train()
     bar = tqdm(range(ws.steps), desc=f"warmstart {model_name}", unit="step", mininterval=2.0)
     steps_done = 0
@@ -56,8 +61,9 @@ def warmstart(cfg: Config, model_name: str, out: Path | None = None) -> dict:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        for g in opt.param_groups:  # cosine decay to 10 % over the budget, whichever runs out first
+            g["lr"] = ws.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress(step))))
         opt.step()
-        sched.step()
         steps_done = step + 1
         if step % 50 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}")
