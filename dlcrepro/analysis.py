@@ -13,7 +13,6 @@ from typing import Iterable
 
 import numpy as np
 import pandas as pd
-from scipy import stats as sstats
 
 RUN = ["model", "sampler", "correction", "seed"]
 CELL = ["model", "sampler", "correction"]
@@ -171,7 +170,9 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
     ok = ~(np.isnan(x) | np.isnan(y))
     if ok.sum() < 3 or np.all(x[ok] == x[ok][0]) or np.all(y[ok] == y[ok][0]):
         return math.nan
-    return float(sstats.spearmanr(x[ok], y[ok]).statistic)
+    from scipy import stats  # imported here: training jobs import this module and never need scipy
+
+    return float(stats.spearmanr(x[ok], y[ok]).statistic)
 
 
 def bootstrap_spearman(df: pd.DataFrame, xcol: str, ycol: str, n_boot: int = 1000, seed: int = 0) -> tuple[float, float, float]:

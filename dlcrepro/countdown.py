@@ -78,9 +78,27 @@ def solve(numbers: Sequence[int], target: int) -> str | None:
     return None
 
 
+def _values(items: tuple[Fraction, ...]) -> set[Fraction]:
+    """Every value reachable using each item exactly once (no expressions built: fast)."""
+    if len(items) == 1:
+        return {items[0]}
+    out: set[Fraction] = set()
+    for i, j in itertools.combinations(range(len(items)), 2):
+        rest = tuple(x for k, x in enumerate(items) if k not in (i, j))
+        a, b = items[i], items[j]
+        combos = {a + b, a - b, b - a, a * b}
+        if b != 0:
+            combos.add(a / b)
+        if a != 0:
+            combos.add(b / a)
+        for v in combos:
+            out |= _values((v,) + rest)
+    return out
+
+
 def reachable_targets(numbers: Sequence[int]) -> set[int]:
     """Every integer value reachable with all the numbers."""
-    return {int(v) for v, _ in _reach(_leaves(numbers)) if v.denominator == 1}
+    return {int(v) for v in _values(tuple(Fraction(n) for n in numbers)) if v.denominator == 1}
 
 
 # ----------------------------------------------------------------------------- generator

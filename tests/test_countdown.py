@@ -137,3 +137,9 @@ def test_extra_number_makes_a_solution_wrong(numbers, target, extra):
     expr = countdown.solve(numbers, target)
     if expr is not None:
         assert score(f"({expr})*{extra}", numbers, target * extra) == -1
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 12), min_size=2, max_size=3), st.integers(-20, 150))
+def test_reachable_targets_agree_with_the_solver(numbers, target):
+    assert (target in countdown.reachable_targets(numbers)) == (countdown.solve(numbers, target) is not None)

@@ -43,6 +43,6 @@ rule train:
         model_dir=model_dir_arg,
         out=output_parent,
     shell:
-        "{params.python} -m dlcrepro train --config {input.cfg} --model {wildcards.model} "
+        "OMP_NUM_THREADS={resources.cpus_per_task} {params.python} -m dlcrepro train --config {input.cfg} --model {wildcards.model} "
         "--model-dir {params.model_dir} --sampler {wildcards.sampler} "
         "--correction {wildcards.correction} --seed {wildcards.seed} --out {params.out} > {log} 2>&1"
