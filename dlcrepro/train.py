@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import time
 import zlib
 from contextlib import contextmanager
@@ -344,6 +345,8 @@ def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, 
     else:
         cell = Cell()
         note(f"starting {out}: {meta}")
+    where = {k: os.environ[k] for k in ("SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES") if k in os.environ}
+    note(f"device {tr.device}, torch threads {torch.get_num_threads()}" + "".join(f", {k}={v}" for k, v in where.items()))
     tr.engine.load_weights({k: v.detach() for k, v in tr.sampler_model.state_dict().items()}, cell.sampler_version)
     if tr.probe_engine is tr.engine:
         tr.probe_version = cell.sampler_version

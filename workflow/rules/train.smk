@@ -17,7 +17,7 @@ rule warmstart:
         python=PYTHON,
         out=output_parent,
     shell:
-        "{params.python} -m dlcrepro warmstart --config {input.cfg} --model {wildcards.model} "
+        "OMP_NUM_THREADS={threads} {params.python} -m dlcrepro warmstart --config {input.cfg} --model {wildcards.model} "
         "--out {params.out} > {log} 2>&1"
 
 

@@ -1,0 +1,116 @@
+"""The cluster path end to end: a real single-node Slurm on localhost, driven by the users' `slurm`
+profile. The local cluster's differences from a real one (no accounting, so status by squeue; a
+short wait before the first status check) go on the command line, never into the profile."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.slurm
+
+LOCAL_CLUSTER_ARGS = [
+    "--slurm-status-command", "squeue",  # no slurmdbd here: sacct cannot answer
+    "--slurm-init-seconds-before-status-checks", "5",  # MinJobAge (300 s) stays >= 3x this
+]
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    if os.geteuid() != 0:
+        pytest.skip("starting slurmctld/slurmd/munged needs root")
+    if not shutil.which("slurmctld") and not shutil.which("apt-get"):
+        pytest.skip("Slurm is not installed and there is no apt-get to install it")
+    up = subprocess.run(["bash", str(ROOT / "scripts" / "slurm_up.sh")], capture_output=True, text=True, timeout=600)
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        yield
+    finally:
+        subprocess.run(["bash", str(ROOT / "scripts" / "slurm_down.sh")], capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def snakemake_slurm():
+    """snakemake with the Slurm plugins, from its own env (scripts/setup_workflow_env.sh)."""
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "setup_workflow_env.sh")], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return [str(ROOT / ".venv-workflow" / "bin" / "snakemake")]
+
+
+@pytest.fixture
+def outdirs(tmp_path):
+    out = {"results_dir": tmp_path / "results", "figures_dir": tmp_path / "figures",
+           "tables_dir": tmp_path / "tables", "artifacts": tmp_path / "artifacts"}
+    # jobs run the package with the interpreter running these tests (the training env)
+    return out, [f"{k}={v}" for k, v in out.items()] + [f"python={sys.executable}"]
+
+
+def slurm_cmd(snakemake_slurm, config, *targets, extra=()):
+    return snakemake_slurm + ["--profile", "slurm", *LOCAL_CLUSTER_ARGS, "--nolock", *extra,
+                              "--configfile", "configs/smoke.yaml", "--config", *config, "--", *map(str, targets)]
+
+
+def run(cmd, timeout=900):
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def job_counts(text):
+    return {k: int(v) for k, v in re.findall(r"^(\w+)\s+(\d+)$", text, re.M)}
+
+
+def test_smoke_grid_through_slurm_then_one_deleted_cell_reruns_alone(slurm_cluster, snakemake_slurm, outdirs):
+    out, config = outdirs
+    p = run(slurm_cmd(snakemake_slurm, config))
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert len(list(out["results_dir"].glob("tiny/*/*/seed0/summary.json"))) == 28
+    assert (out["tables_dir"] / "findings.md").exists() and (out["figures_dir"] / "ess.png").exists()
+    log = (out["results_dir"] / "_logs" / "train" / "tiny" / "stale" / "dlc" / "seed0.log").read_text()
+    assert "SLURM_JOB_ID=" in log  # it really ran as a Slurm job
+
+    shutil.rmtree(out["results_dir"] / "tiny" / "fp8" / "pg" / "seed0")
+    p = run(slurm_cmd(snakemake_slurm, config))
+    assert p.returncode == 0, p.stderr[-4000:]
+    counts = job_counts(p.stdout + p.stderr)
+    assert counts.get("train") == 1 and "warmstart" not in counts, p.stderr[-3000:]
+    assert (out["results_dir"] / "tiny" / "fp8" / "pg" / "seed0" / "summary.json").exists()
+
+
+def test_gpu_marked_job_receives_its_gpu(slurm_cluster, snakemake_slurm, outdirs):
+    out, config = outdirs
+    target = out["results_dir"] / "tiny" / "bf16" / "pg" / "seed0" / "summary.json"
+    p = run(slurm_cmd(snakemake_slurm, config + ["resources={gpu: 1}"], target))
+    assert p.returncode == 0, p.stderr[-4000:]
+    log = (out["results_dir"] / "tiny" / "bf16" / "pg" / "seed0" / "train.log").read_text()
+    assert re.search(r"CUDA_VISIBLE_DEVICES=\d", log), log
+
+
+def test_scancel_mid_run_fails_the_job_and_the_rerun_resumes_from_its_checkpoint(slurm_cluster, snakemake_slurm, outdirs):
+    out, config = outdirs
+    cell = out["results_dir"] / "tiny" / "stale" / "dlc" / "seed0"
+    target = cell / "summary.json"
+    config = config + ["train={steps: 12, ckpt_every: 2, eval_every: 4, prompts_per_step: 4, responses_per_prompt: 4, lr: 0.3}"]
+    cmd = slurm_cmd(snakemake_slurm, config, target, extra=("--retries", "0"))
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 600
+    while not (cell / "checkpoint.pt").exists():
+        assert proc.poll() is None and time.time() < deadline, "the job ended before its first checkpoint"
+        time.sleep(0.2)
+    jobs = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True).stdout.split("\n")
+    train_jobs = [j.split()[0] for j in jobs if j.strip()]
+    assert train_jobs, "no Slurm job to cancel"
+    subprocess.run(["scancel", *train_jobs], check=True)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode != 0, output[-3000:]  # reported failed
+    assert not target.exists() and (cell / "checkpoint.pt").exists()
+
+    p = run(slurm_cmd(snakemake_slurm, config, target))
+    assert p.returncode == 0, p.stderr[-4000:]
+    log = (cell / "train.log").read_text()
+    assert re.search(r"resuming .* from step [1-9]", log), log
+    assert target.exists()
