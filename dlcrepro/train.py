@@ -111,7 +111,7 @@ class Trainer:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = load_tokenizer(model_dir)
         self.train_problems, self.test_problems = data.load_problems(cfg.task)
-        self.train_prompts = data.encode_prompts(self.tokenizer, self.train_problems, cfg.task.prompt)
+        self._prompt_cache: dict[int, list[int]] = {}  # train prompts are encoded when first drawn
         self.test_prompts = data.encode_prompts(self.tokenizer, self.test_problems, cfg.task.prompt)
         self.policy = load_model(model_dir).to(self.device)
         self.policy.train()
@@ -119,12 +119,12 @@ class Trainer:
         self.initial_model = copy.deepcopy(self.policy).eval().requires_grad_(False)
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         self.opt = torch.optim.SGD(self.params, lr=self.tcfg.lr)
-        max_len = max(len(p) for p in self.train_prompts + self.test_prompts) + cfg.engine.max_tokens + 1
-        self.engine = VLLMEngine(str(model_dir), cfg.engine, self.sampler.precision, seed, max_len)
+        # engines take the model's own context length
+        self.engine = VLLMEngine(str(model_dir), cfg.engine, self.sampler.precision, seed)
         # The on-policy probe/eval engine is BF16 synced to θ_t: for the always-synced bf16 sampler
         # that is the run's own engine.
         shared = self.sampler.precision == "bf16" and self.sampler.always_synced
-        self.probe_engine = self.engine if shared else VLLMEngine(str(model_dir), cfg.engine, "bf16", seed, max_len)
+        self.probe_engine = self.engine if shared else VLLMEngine(str(model_dir), cfg.engine, "bf16", seed)
         self.probe_version = -1
 
     # ------------------------------------------------------------------ pieces of a step
@@ -132,22 +132,29 @@ class Trainer:
     def state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in self.policy.state_dict().items()}
 
-    def sync_sampler(self, version: int) -> None:
-        """θ_s ← θ_t, pushed to the run's engine (unless it already holds that version of θ_t)."""
+    def sync_sampler(self, cell: Cell) -> None:
+        """θ_s ← θ_t, pushed to the run's engine (unless it already holds this version of θ_t)."""
+        version = cell.step
         self.sampler_model.load_state_dict(self.policy.state_dict())
         if self.engine.version != version:
             self.engine.load_weights(self.state(), version)
         if self.probe_engine is self.engine:
             self.probe_version = version
+        cell.sampler_version = version
 
     def sync_probe(self, version: int) -> None:
         if self.probe_version != version:
             self.probe_engine.load_weights(self.state(), version)
             self.probe_version = version
 
-    def prompts_for(self, step: int) -> list[int]:
+    def prompts_for(self, step: int) -> tuple[list[int], list[list[int]]]:
+        """The step's training problems (indices) and their prompt token ids."""
         rng = np.random.default_rng(derive_seed(self.seed, step, "prompts"))
-        return rng.choice(len(self.train_problems), size=self.tcfg.prompts_per_step, replace=False).tolist()
+        idx = rng.choice(len(self.train_problems), size=self.tcfg.prompts_per_step, replace=False).tolist()
+        new = [i for i in idx if i not in self._prompt_cache]
+        for i, ids in zip(new, data.encode_prompts(self.tokenizer, [self.train_problems[i] for i in new], self.cfg.task.prompt)):
+            self._prompt_cache[i] = ids
+        return idx, [self._prompt_cache[i] for i in idx]
 
     def score(self, rollout: Rollout, idx: list[int]) -> Scored:
         problems = [self.train_problems[idx[g]] for g in rollout.group.tolist()]
@@ -172,10 +179,8 @@ class Trainer:
         t = self.tcfg
         with timer("sync"):
             if k > 1 and self.sampler.due(k - 1, t.sync_every):
-                self.sync_sampler(cell.step)
-                cell.sampler_version = cell.step
-        idx = self.prompts_for(k)
-        prompts = [self.train_prompts[i] for i in idx]
+                self.sync_sampler(cell)
+        idx, prompts = self.prompts_for(k)
         resync, ess_presync = 0, math.nan
         while True:
             with timer("sample"):
@@ -194,8 +199,7 @@ class Trainer:
                 mism = mismatch_metrics(e.cpu(), a.cpu(), b.cpu(), s.tb.seq.cpu(), s.tb.num_seqs)
             with timer("resync"):
                 if self.correction.resync and not resync and mism["ess_lag"] < t.resync_ess:
-                    self.sync_sampler(cell.step)
-                    cell.sampler_version = cell.step
+                    self.sync_sampler(cell)
                     cell.resync_steps.append(k)
                     resync, ess_presync = 1, mism["ess_lag"]
                     continue
