@@ -219,16 +219,10 @@ def _build(cls, data: Any, where: str):
     kwargs = {}
     for name, value in data.items():
         f = fields[name]
-        sub = {
-            "task": TaskConfig,
-            "engine": EngineConfig,
-            "train": TrainConfig if cls is Config else None,
-            "grid": GridConfig,
-            "warmstart": WarmstartConfig,
-        }.get(name)
-        if sub is not None and isinstance(f.default_factory, type):
-            value = _build(sub, value, f"{where}.{name}" if where else name)
-        elif name == "models" and cls is Config:
+        key = f"{where}.{name}" if where else name
+        if dataclasses.is_dataclass(f.default_factory):  # a nested section
+            value = _build(f.default_factory, value, key)
+        elif cls is Config and name == "models":
             value = {k: _build(ModelConfig, v, f"models.{k}") for k, v in (value or {}).items()}
         elif isinstance(f.default, tuple) and isinstance(value, list):
             value = tuple(value)
