@@ -29,10 +29,12 @@ def slurm_cluster():
         pytest.skip("Slurm is not installed and there is no apt-get to install it")
     up = subprocess.run(["bash", str(ROOT / "scripts" / "slurm_up.sh")], capture_output=True, text=True, timeout=600)
     assert up.returncode == 0, up.stdout + up.stderr
+    started_here = "already running" not in up.stdout  # a developer's own cluster is left running
     try:
         yield
     finally:
-        subprocess.run(["bash", str(ROOT / "scripts" / "slurm_down.sh")], capture_output=True, timeout=60)
+        if started_here:
+            subprocess.run(["bash", str(ROOT / "scripts" / "slurm_down.sh")], capture_output=True, timeout=60)
 
 
 @pytest.fixture(scope="session")

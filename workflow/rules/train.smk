@@ -13,6 +13,9 @@ rule warmstart:
     conda:
         TRAIN_ENV
     threads: 2
+    resources:
+        # what Slurm allocates must match the threads used: oversubscribed OpenMP crawls
+        cpus_per_task=2,
     params:
         python=PYTHON,
         out=output_parent,
