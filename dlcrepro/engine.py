@@ -11,7 +11,7 @@ FP8 through `kv_cache_dtype`.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
@@ -270,19 +270,3 @@ def get_sampler(name: str) -> Sampler:
     if name not in SAMPLERS:
         raise KeyError(f"unknown sampler {name!r}; known: {sorted(SAMPLERS)}")
     return SAMPLERS[name]
-
-
-@dataclass
-class EnginePool:
-    """One engine per precision, created on first use and reused (engine start costs seconds)."""
-
-    model_dir: str
-    cfg: EngineConfig
-    seed: int = 0
-    max_model_len: int | None = None
-    engines: dict[str, VLLMEngine] = field(default_factory=dict)
-
-    def get(self, precision: str) -> VLLMEngine:
-        if precision not in self.engines:
-            self.engines[precision] = VLLMEngine(self.model_dir, self.cfg, precision, self.seed, self.max_model_len)
-        return self.engines[precision]
