@@ -148,8 +148,11 @@ FIGURE_NAMES = [
 
 
 def all_outputs():
+    """Every table and figure, and every cell's summary: a deleted cell is then a missing target,
+    so rerunning schedules it (and through collect the tables and figures), although the tables
+    are still on disk."""
     tables = [
         f"{TABLES}/{t}.{ext}" for t in TABLE_NAMES for ext in ("tex", "md", "csv")
     ]
     figures = [f"{FIGURES}/{f}.{ext}" for f in FIGURE_NAMES for ext in ("pdf", "png")]
-    return tables + figures
+    return tables + figures + cell_outputs("summary.json")
