@@ -10,8 +10,9 @@ import sys
 import time
 
 import pytest
+import yaml
 
-from conftest import ROOT
+from conftest import ROOT, SMOKE
 
 pytestmark = pytest.mark.slurm
 
@@ -53,9 +54,20 @@ def outdirs(tmp_path):
     return out, [f"{k}={v}" for k, v in out.items()] + [f"python={sys.executable}"]
 
 
-def slurm_cmd(snakemake_slurm, config, *targets, extra=()):
+def slurm_cmd(snakemake_slurm, config, *targets, extra=(), configfile=SMOKE):
     return snakemake_slurm + ["--profile", "slurm", *LOCAL_CLUSTER_ARGS, "--nolock", *extra,
-                              "--configfile", "configs/smoke.yaml", "--config", *config, "--", *map(str, targets)]
+                              "--configfile", str(configfile), "--config", *config, "--", *map(str, targets)]
+
+
+def smoke_variant(tmp_path, **sections):
+    """The smoke config with some sections updated, as a file: nested values given with --config
+    reach the Slurm jobs' snakemake as text ('12'), so they travel in a config file instead."""
+    cfg = yaml.safe_load(SMOKE.read_text())
+    for key, value in sections.items():
+        cfg[key] = {**cfg.get(key, {}), **value}
+    path = tmp_path / "smoke-variant.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
 
 
 def run(cmd, timeout=900):
@@ -83,21 +95,22 @@ def test_smoke_grid_through_slurm_then_one_deleted_cell_reruns_alone(slurm_clust
     assert (out["results_dir"] / "tiny" / "fp8" / "pg" / "seed0" / "summary.json").exists()
 
 
-def test_gpu_marked_job_receives_its_gpu(slurm_cluster, snakemake_slurm, outdirs):
+def test_gpu_marked_job_receives_its_gpu(slurm_cluster, snakemake_slurm, outdirs, tmp_path):
     out, config = outdirs
     target = out["results_dir"] / "tiny" / "bf16" / "pg" / "seed0" / "summary.json"
-    p = run(slurm_cmd(snakemake_slurm, config + ["resources={gpu: 1}"], target))
+    cfg = smoke_variant(tmp_path, resources={"gpu": 1})
+    p = run(slurm_cmd(snakemake_slurm, config, target, configfile=cfg))
     assert p.returncode == 0, p.stderr[-4000:]
     log = (out["results_dir"] / "tiny" / "bf16" / "pg" / "seed0" / "train.log").read_text()
     assert re.search(r"CUDA_VISIBLE_DEVICES=\d", log), log
 
 
-def test_scancel_mid_run_fails_the_job_and_the_rerun_resumes_from_its_checkpoint(slurm_cluster, snakemake_slurm, outdirs):
+def test_scancel_mid_run_fails_the_job_and_the_rerun_resumes_from_its_checkpoint(slurm_cluster, snakemake_slurm, outdirs, tmp_path):
     out, config = outdirs
     cell = out["results_dir"] / "tiny" / "stale" / "dlc" / "seed0"
     target = cell / "summary.json"
-    config = config + ["train={steps: 12, ckpt_every: 2, eval_every: 4, prompts_per_step: 4, responses_per_prompt: 4, lr: 0.3}"]
-    cmd = slurm_cmd(snakemake_slurm, config, target, extra=("--retries", "0"))
+    cfg = smoke_variant(tmp_path, train={"steps": 12, "ckpt_every": 2, "eval_every": 4})
+    cmd = slurm_cmd(snakemake_slurm, config, target, extra=("--retries", "0"), configfile=cfg)
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 600
     while not (cell / "checkpoint.pt").exists():
@@ -111,7 +124,7 @@ def test_scancel_mid_run_fails_the_job_and_the_rerun_resumes_from_its_checkpoint
     assert proc.returncode != 0, output[-3000:]  # reported failed
     assert not target.exists() and (cell / "checkpoint.pt").exists()
 
-    p = run(slurm_cmd(snakemake_slurm, config, target))
+    p = run(slurm_cmd(snakemake_slurm, config, target, configfile=cfg))
     assert p.returncode == 0, p.stderr[-4000:]
     log = (cell / "train.log").read_text()
     assert re.search(r"resuming .* from step [1-9]", log), log

@@ -119,13 +119,20 @@ def train_resources(name, default):
     """Resources of training jobs: per-model values from config, else the default."""
 
     def get(wildcards):
-        return (
-            config["models"][wildcards.model]
-            .get("resources", {})
-            .get(name, config.get("resources", {}).get(name, default))
-        )
+        value = config["models"][wildcards.model].get("resources", {}).get(name)
+        if value is None:
+            value = config.get("resources", {}).get(name, default)
+        return int(value)  # a value that crossed a command line arrives as text
 
     return get
+
+
+def train_gres(wildcards):
+    """GPUs of a training job as a Slurm GRES string ("gpu:1"; "" for none). A GRES string, not a
+    `gpu` count: the Slurm jobstep plugin 0.6.1 rejects a count computed by a function ("gpu must
+    be an integer, but is 1")."""
+    n = train_resources("gpu", 0)(wildcards)
+    return f"gpu:{n}" if n > 0 else ""
 
 
 TABLE_NAMES = [

@@ -37,7 +37,7 @@ rule train:
         TRAIN_ENV
     threads: 1
     resources:
-        gpu=train_resources("gpu", 0),
+        gres=train_gres,
         runtime=train_resources("runtime", 30),
         mem_mb=train_resources("mem_mb", 4000),
         cpus_per_task=train_resources("cpus_per_task", 1),
