@@ -142,7 +142,6 @@ def off_support_summary(drops: pd.DataFrame, resync_corrections=RESYNC_CORRECTIO
     first_collapse = d.loc[d["collapse"]].groupby(RUN)["step"].min().rename("first_collapse")
     d = d.merge(first_collapse.reset_index(), on=RUN, how="left")
     healthy_runs = d.groupby(RUN)["collapse"].transform("sum") == 0
-    healthy_kl = d.loc[healthy_runs, "kl_sampler"]
     for model, dm in list(d.groupby("model")) + [("pooled", d)]:
         for resync, dr in dm.groupby("with_resync"):
             before = dr.loc[dr["first_collapse"].isna() | (dr["step"] < dr["first_collapse"]), "off_support"]
@@ -159,7 +158,6 @@ def off_support_summary(drops: pd.DataFrame, resync_corrections=RESYNC_CORRECTIO
                 "kl_sampler_healthy_min": float(hk.min()) if len(hk) else math.nan,
                 "kl_sampler_healthy_max": float(hk.max()) if len(hk) else math.nan,
             })
-    del healthy_kl
     return pd.DataFrame(rows)
 
 

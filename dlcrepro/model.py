@@ -97,10 +97,6 @@ class TokenBatch:
         return TokenBatch(*(getattr(self, f).to(device) for f in ("input_ids", "attention_mask", "rows", "cols", "tokens", "seq")))
 
     @property
-    def num_tokens(self) -> int:
-        return int(self.tokens.numel())
-
-    @property
     def num_seqs(self) -> int:
         return int(self.input_ids.shape[0])
 
