@@ -10,6 +10,7 @@ FP8 through `kv_cache_dtype`.
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
@@ -52,6 +53,33 @@ class Rollout:
     @property
     def lengths(self) -> torch.Tensor:
         return torch.tensor([len(r) for r in self.response_ids], dtype=torch.long)
+
+    def split(self, num_prompts: int) -> list["Rollout"]:
+        """Cut a rollout of `parts * num_prompts` prompts (the same prompts repeated) into `parts`
+        rollouts, each over the first `num_prompts` prompt indices."""
+        if len(self.group) == 0 or int(self.group.max()) + 1 <= num_prompts:
+            return [self]
+        out, tok = [], 0
+        parts = (int(self.group.max()) + num_prompts) // num_prompts
+        for part in range(parts):
+            rows = ((self.group >= part * num_prompts) & (self.group < (part + 1) * num_prompts)).nonzero().squeeze(-1).tolist()
+            ntok = sum(len(self.response_ids[i]) for i in rows)
+            if rows and rows != list(range(rows[0], rows[-1] + 1)):
+                raise ValueError("Rollout.split: responses of a part are not contiguous")
+            cut = lambda x: None if x is None else x[tok : tok + ntok]  # noqa: E731
+            out.append(
+                Rollout(
+                    prompt_ids=[self.prompt_ids[i] for i in rows],
+                    response_ids=[self.response_ids[i] for i in rows],
+                    group=self.group[rows] - part * num_prompts,
+                    engine_logp=cut(self.engine_logp),
+                    topk_ids=cut(self.topk_ids),
+                    topk_logp=cut(self.topk_logp),
+                    version=self.version,
+                )
+            )
+            tok += ntok
+        return out
 
 
 class Engine(Protocol):
@@ -154,6 +182,9 @@ class VLLMEngine:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         else:
             kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_mib * 2**20
+        # vLLM runs full garbage collections while it starts; objects that already exist (the
+        # imported libraries, the problem set) need not be scanned: 1.1 s of a 2.3 s start here.
+        gc.freeze()
         self.llm = LLM(**kwargs)
         self.dtype = getattr(torch, cfg.dtype)
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()

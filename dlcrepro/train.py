@@ -189,10 +189,13 @@ class Trainer:
             with timer("score"):
                 s = self.score(rollout, idx)
             with timer("logprobs"):
-                with torch.no_grad():
-                    logp_s = torch.log_softmax(self.logits(self.sampler_model, s.tb), -1)
                 logits_t = self.logits(self.policy, s.tb)
                 logp_t = torch.log_softmax(logits_t.detach(), -1)
+                if cell.sampler_version == cell.step:  # θ_s is θ_t (synced this step): same numbers
+                    logp_s = logp_t
+                else:
+                    with torch.no_grad():
+                        logp_s = torch.log_softmax(self.logits(self.sampler_model, s.tb), -1)
                 tok = s.tb.tokens[:, None]
                 e = rollout.engine_logp.to(self.device)
                 a, b = logp_s.gather(-1, tok).squeeze(-1), logp_t.gather(-1, tok).squeeze(-1)
@@ -214,10 +217,9 @@ class Trainer:
         with timer("probe"):
             if probing:
                 self.sync_probe(cell.step)
-                probes = []
-                for purpose in ("probe1", "probe2"):
-                    r = self.probe_engine.generate(prompts, t.responses_per_prompt, derive_seed(self.seed, k, purpose))
-                    probes.append(self.score(r, idx))
+                # the two probe batches in one engine call: the prompts twice, independent seeds
+                both = self.probe_engine.generate(prompts + prompts, t.responses_per_prompt, derive_seed(self.seed, k, "probes"))
+                probes = [self.score(r, idx) for r in both.split(len(prompts))]
                 g_on, g_on2 = (self.pg_grad(p) for p in probes)
                 with torch.no_grad():
                     logp_0 = token_logprobs(self.logits(self.initial_model, probes[0].tb), probes[0].tb.tokens)

@@ -54,6 +54,21 @@ def test_same_seed_same_samples_other_seed_other_samples(setup):
     assert r1.response_ids != r3.response_ids
 
 
+def test_prompts_repeated_in_one_call_split_into_independent_batches(setup):
+    """The two probe batches come from one engine call over the prompts twice."""
+    p = setup["prompts"][:6]
+    both = setup["bf16"].generate(p + p, 4, seed=5, topk=64)
+    a, b = both.split(len(p))
+    for part, half in ((a, slice(0, 24)), (b, slice(24, 48))):
+        assert part.group.tolist() == [i // 4 for i in range(24)]
+        assert part.response_ids == both.response_ids[half] and part.prompt_ids == both.prompt_ids[half]
+        assert part.engine_logp.numel() == sum(map(len, part.response_ids)) == part.topk_ids.shape[0]
+        assert (part.engine_logp - trainer_logp(setup["model"], part)).abs().mean() < 0.05  # aligned with its tokens
+    assert torch.equal(torch.cat([a.engine_logp, b.engine_logp]), both.engine_logp)
+    assert a.response_ids != b.response_ids  # independent seeds per request
+    assert setup["bf16"].generate(p, 4, seed=5).split(len(p))[0].response_ids == both.response_ids[:24]
+
+
 def test_full_vocabulary_topk_is_a_distribution_holding_the_sampled_token(setup):
     r = setup["bf16"].generate(setup["prompts"][:4], 2, seed=3, topk=64)
     v = setup["model"].config.vocab_size
