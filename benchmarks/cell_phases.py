@@ -59,7 +59,7 @@ def main() -> None:
     timed("trainer model (x3 copies: 1 load)", load_model, mdir)
     engine = timed("vLLM engine start (bf16)", VLLMEngine, str(mdir), cfg.engine, "bf16", args.seed)
     # keep it referenced: a deleted engine tears down vLLM's process-wide parallel state
-    engine_fp8 = timed("vLLM engine start (fp8)", VLLMEngine, str(mdir), cfg.engine, "fp8", args.seed)
+    _fp8 = timed("vLLM engine start (fp8)", VLLMEngine, str(mdir), cfg.engine, "fp8", args.seed)
     print(f"  {'process start to here':<34s} {time.perf_counter() - T0:7.2f} s")
 
     tcfg = cfg.train_for(args.model)
@@ -89,7 +89,6 @@ def main() -> None:
     for name, v in med.items():
         print(f"  {name:<10s} {v * 1e3:8.1f} ms")
     print(f"  ratio      {med['wrapper'] / med['raw']:8.2f} x")
-    del engine, engine_fp8
 
     print(f"\none cell: {args.model}/{args.sampler}/{args.correction}/seed{args.seed}, {args.steps} steps, {args.threads} torch thread(s)")
     import pandas as pd

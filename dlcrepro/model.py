@@ -100,6 +100,28 @@ class TokenBatch:
     def num_seqs(self) -> int:
         return int(self.input_ids.shape[0])
 
+    def chunks(self, max_seqs: int) -> list[tuple["TokenBatch", slice]]:
+        """Sub-batches of at most `max_seqs` sequences, each with the slice of the batch's tokens
+        it holds (tokens are laid out sequence by sequence)."""
+        if self.num_seqs <= max_seqs:
+            return [(self, slice(0, int(self.tokens.numel())))]
+        counts = torch.bincount(self.seq, minlength=self.num_seqs).tolist()
+        out, tok = [], 0
+        for start in range(0, self.num_seqs, max_seqs):
+            end = min(start + max_seqs, self.num_seqs)
+            sl = slice(tok, tok + sum(counts[start:end]))
+            sub = TokenBatch(
+                self.input_ids[start:end],
+                self.attention_mask[start:end],
+                self.rows[sl] - start,
+                self.cols[sl],
+                self.tokens[sl],
+                self.seq[sl] - start,
+            )
+            out.append((sub, sl))
+            tok = sl.stop
+        return out
+
 
 def make_token_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int = 0) -> TokenBatch:
     if len(prompts) != len(responses):

@@ -11,6 +11,15 @@ import torch
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 BLOCK = 128
+# The model config vLLM is given for its native block-FP8 path (the layout of Qwen's own FP8
+# checkpoints): FP8 weights with one float32 `weight_scale_inv` per 128x128 block, activations
+# quantized per token in 1x128 groups on the fly.
+VLLM_QUANTIZATION_CONFIG = {
+    "quant_method": "fp8",
+    "fmt": "e4m3",
+    "activation_scheme": "dynamic",
+    "weight_block_size": [BLOCK, BLOCK],
+}
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -82,3 +91,39 @@ def fp8_emulated_state_dict(state: dict[str, torch.Tensor], dtype: torch.dtype) 
         else:
             out[name] = t.to(dtype)
     return out
+
+
+def fp8_checkpoint_state_dict(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The weights in block-FP8 checkpoint layout, as vLLM's FP8 linear method loads them.
+
+    Each decoder linear `X.weight` becomes `X.weight` (float8_e4m3fn) and `X.weight_scale_inv`
+    (float32, one per 128x128 block); everything else stays in `dtype`. The same quantizer as the
+    emulation: dequantizing this gives `fp8_emulated_state_dict` exactly (before its cast to `dtype`).
+    """
+    out = {}
+    for name, t in state.items():
+        if is_quantized_weight(name, t):
+            q, s = fp8_block_quantize(t)
+            out[name] = q
+            out[name + "_scale_inv"] = s
+        else:
+            out[name] = t.to(dtype)
+    return out
+
+
+def check_block_aligned(hf_config) -> None:
+    """vLLM's block-FP8 path needs every linear layer's output (and input) width to be a multiple
+    of the block; raise naming the model config field that is not."""
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    widths = {
+        "hidden_size": hf_config.hidden_size,
+        "intermediate_size": hf_config.intermediate_size,
+        "num_attention_heads * head_dim": hf_config.num_attention_heads * head_dim,
+        "num_key_value_heads * head_dim": hf_config.num_key_value_heads * head_dim,
+    }
+    bad = {k: v for k, v in widths.items() if v % BLOCK}
+    if bad:
+        raise ValueError(
+            f"native block-FP8 needs linear widths that are multiples of {BLOCK}; this model has {bad}. "
+            "Use engine.fp8_backend=emulate for it."
+        )

@@ -168,9 +168,65 @@ class Trainer:
             return response_logits(model, tb, self.tcfg.micro_batch)
 
     def pg_grad(self, s: Scored) -> torch.Tensor:
-        """The on-policy `pg` gradient of a probe batch (mean over its tokens)."""
-        logp = token_logprobs(self.logits(self.policy, s.tb), s.tb.tokens)
-        return flat_grad(-(s.adv_tok * logp).mean(), self.params)
+        """The on-policy `pg` gradient of a probe batch (mean over its tokens), micro-batched."""
+        n, g = s.tb.tokens.numel(), None
+        for sub, sl in s.tb.chunks(self.tcfg.micro_batch):
+            logp = token_logprobs(self.logits(self.policy, sub), sub.tokens)
+            gi = flat_grad(-(s.adv_tok[sl] * logp).sum() / n, self.params)
+            g = gi if g is None else g + gi
+        return g
+
+    def token_logp(self, model, tb: TokenBatch) -> torch.Tensor:
+        """`(N,)` log π(y|p) of each response token under `model`, no gradient, micro-batched."""
+        with torch.no_grad():
+            return torch.cat([token_logprobs(self.logits(model, sub), sub.tokens) for sub, _ in tb.chunks(self.tcfg.micro_batch)])
+
+    def sampler_logp(self, sub: TokenBatch, synced: bool, logp_t: torch.Tensor) -> torch.Tensor:
+        """`(n, V)` trainer log π(·|p; θ_s) of a micro-batch (θ_t's own when the sampler is synced)."""
+        if synced:  # θ_s is θ_t: the same numbers
+            return logp_t
+        with torch.no_grad():
+            return torch.log_softmax(self.logits(self.sampler_model, sub), -1)
+
+    def log_probs(self, s: Scored, synced: bool) -> tuple[torch.Tensor, torch.Tensor, float, tuple | None]:
+        """Trainer log-probs of the sampled tokens at θ_s (a) and θ_t (b), and the mean
+        full-vocabulary KL(π_θs ‖ π_θt) over the batch's prefixes.
+
+        A batch that fits in one micro-batch keeps θ_t's logits with their graph (and θ_s's
+        distribution) for the correction; a larger one is recomputed there chunk by chunk, so
+        that no `(N, V)` tensor of the whole batch is ever held (Qwen3's V is 151,936)."""
+        chunks = s.tb.chunks(self.tcfg.micro_batch)
+        keep = len(chunks) == 1
+        a, b, kl = [], [], 0.0
+        kept = None
+        for sub, _ in chunks:
+            with torch.set_grad_enabled(keep):
+                logits_t = self.logits(self.policy, sub)
+            logp_t = torch.log_softmax(logits_t.detach(), -1)
+            logp_s = self.sampler_logp(sub, synced, logp_t)
+            tok = sub.tokens[:, None]
+            a.append(logp_s.gather(-1, tok).squeeze(-1))
+            b.append(logp_t.gather(-1, tok).squeeze(-1))
+            kl += float(kl_rows(logp_s, logp_t).sum())
+            if keep:
+                kept = (logits_t, logp_s)
+        return torch.cat(a), torch.cat(b), kl / max(s.tb.tokens.numel(), 1), kept
+
+    def correction_grad(self, s: Scored, rollout: Rollout, e, a, b, synced: bool, kept: tuple | None) -> torch.Tensor:
+        """The correction's update direction: the gradient of its token-mean loss, summed over
+        micro-batches (each chunk's loss weighted by its share of the batch's tokens)."""
+        n, g = s.tb.tokens.numel(), None
+        for sub, sl in s.tb.chunks(self.tcfg.micro_batch):
+            if kept is not None:
+                logits_t, logp_s = kept
+            else:  # θ at this moment (PPO's later epochs see the updated θ), θ_s as sampled
+                logits_t = self.logits(self.policy, sub)
+                logp_s = self.sampler_logp(sub, synced, torch.log_softmax(logits_t.detach(), -1))
+            q = engine_distribution(rollout.topk_ids[sl].to(self.device), rollout.topk_logp[sl].to(self.device), logp_s)
+            terms = TokenTerms(logits_t, sub.tokens, s.adv_tok[sl], e[sl], a[sl], b[sl], q, logp_s)
+            gi = flat_grad(self.correction.fn(terms, self.cparams) * (sub.tokens.numel() / n), self.params)
+            g = gi if g is None else g + gi
+        return g
 
     # ------------------------------------------------------------------ one step
 
@@ -189,16 +245,9 @@ class Trainer:
             with timer("score"):
                 s = self.score(rollout, idx)
             with timer("logprobs"):
-                logits_t = self.logits(self.policy, s.tb)
-                logp_t = torch.log_softmax(logits_t.detach(), -1)
-                if cell.sampler_version == cell.step:  # θ_s is θ_t (synced this step): same numbers
-                    logp_s = logp_t
-                else:
-                    with torch.no_grad():
-                        logp_s = torch.log_softmax(self.logits(self.sampler_model, s.tb), -1)
-                tok = s.tb.tokens[:, None]
+                synced = cell.sampler_version == cell.step  # θ_s is θ_t
+                a, b, kl_sampler, kept = self.log_probs(s, synced)
                 e = rollout.engine_logp.to(self.device)
-                a, b = logp_s.gather(-1, tok).squeeze(-1), logp_t.gather(-1, tok).squeeze(-1)
                 mism = mismatch_metrics(e.cpu(), a.cpu(), b.cpu(), s.tb.seq.cpu(), s.tb.num_seqs)
             with timer("resync"):
                 if self.correction.resync and not resync and mism["ess_lag"] < t.resync_ess:
@@ -211,7 +260,7 @@ class Trainer:
         row["reward_mean"] = float(s.rewards.mean())
         row["response_len_mean"] = float(rollout.lengths.double().mean())
         row.update(mism)
-        row["kl_sampler"] = float(kl_rows(logp_s, logp_t).mean())
+        row["kl_sampler"] = kl_sampler
 
         probing = k % t.probe_every == 0
         with timer("probe"):
@@ -221,24 +270,19 @@ class Trainer:
                 both = self.probe_engine.generate(prompts + prompts, t.responses_per_prompt, derive_seed(self.seed, k, "probes"))
                 probes = [self.score(r, idx) for r in both.split(len(prompts))]
                 g_on, g_on2 = (self.pg_grad(p) for p in probes)
-                with torch.no_grad():
-                    logp_0 = token_logprobs(self.logits(self.initial_model, probes[0].tb), probes[0].tb.tokens)
+                logp_0 = self.token_logp(self.initial_model, probes[0].tb)
                 row["off_support"] = off_support_share(logp_0.cpu(), t.off_support_threshold)
 
         with timer("correction"):
-            q = engine_distribution(rollout.topk_ids.to(self.device), rollout.topk_logp.to(self.device), logp_s)
-            terms = TokenTerms(logits_t, s.tb.tokens, s.adv_tok, e, a, b, q, logp_s)
             updates = t.updates_per_batch if self.correction.multi_update else 1
             theta_before = flat_params(self.params) if updates > 1 else None
-            g_c = flat_grad(self.correction.fn(terms, self.cparams), self.params)
+            g_c = self.correction_grad(s, rollout, e, a, b, synced, kept)
+            del kept
 
         with timer("update"):
             for u in range(updates):
-                if u > 0:  # PPO's further epochs: fresh logits at the current θ, same θ_old
-                    terms.logits = self.logits(self.policy, s.tb)
-                    g_u = flat_grad(self.correction.fn(terms, self.cparams), self.params)
-                else:
-                    g_u = g_c
+                # PPO's further epochs: fresh logits at the current θ, the same θ_old (b)
+                g_u = g_c if u == 0 else self.correction_grad(s, rollout, e, a, b, synced, None)
                 self._apply(g_u)
             if updates > 1:  # the run's update direction over all its SGD steps
                 g_c = (theta_before - flat_params(self.params)) / t.lr

@@ -96,3 +96,37 @@ def test_unknown_sampler_is_a_clear_error(tiny_model_dir, tmp_path):
     p = run(train_cmd(tiny_model_dir, tmp_path / "x", "fp4", "dlc"))
     assert p.returncode == 2 and "unknown sampler 'fp4'" in p.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_micro_batched_step_gives_the_full_batch_numbers(tiny_model_dir, smoke_cfg):
+    """Chunking a batch into micro-batches (the GPU memory plan) changes no number: log-probs,
+    sampler KL, the correction's direction (stale sampler, θ_s ≠ θ_t) and the probe gradient."""
+    import torch
+
+    from dlcrepro.train import Cell, PhaseTimer, Trainer
+
+    tr = Trainer(smoke_cfg, "tiny", "stale", "dlc", 0, tiny_model_dir)
+    tr.engine.load_weights(tr.state(), 0)
+    tr.step(Cell(), PhaseTimer())  # a real step first (engines warm, θ_s held apart)
+    with torch.no_grad():  # and θ_t surely away from θ_s (a smoke step may have all-equal rewards)
+        gen = torch.Generator().manual_seed(0)
+        for p in tr.params:
+            p.add_(1e-2 * torch.randn(p.shape, generator=gen))
+    idx, prompts = tr.prompts_for(2)
+    rollout = tr.engine.generate(prompts, 4, seed=11, topk=smoke_cfg.engine.topk)
+    s = tr.score(rollout, idx)
+    assert s.tb.num_seqs == 16 and len(s.tb.chunks(5)) == 4
+    e = rollout.engine_logp
+    results = {}
+    for mb in (1024, 5):
+        tr.tcfg.micro_batch = mb
+        a, b, kl, kept = tr.log_probs(s, synced=False)
+        assert (kept is None) == (mb == 5)
+        results[mb] = (a, b, kl, tr.correction_grad(s, rollout, e, a, b, False, kept), tr.pg_grad(s), tr.token_logp(tr.initial_model, s.tb))
+    full, chunked = results[1024], results[5]
+    assert (full[0] - full[1]).abs().max() > 0  # the lag is real
+    for x, y in zip(full, chunked):
+        if isinstance(x, float):
+            assert abs(x - y) < 1e-6 * max(1.0, abs(x))
+        else:
+            assert torch.allclose(x, y, rtol=1e-4, atol=1e-6), (x - y).abs().max()

@@ -1,0 +1,105 @@
+"""The GPU FP8 path's pieces that run on a CPU: checkpoint layout, vLLM's reading of the
+quantization config, block alignment, and the native engine's construction."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlcrepro import quant
+from dlcrepro.config import ConfigError, EngineConfig, load
+from dlcrepro.engine import fp8_backend
+from dlcrepro.model import build_tiny_model, build_tokenizer, save_model_dir
+
+# Linear widths all multiples of 128 (the smoke/tiny model's k/v projections are 64 wide).
+ALIGNED = dict(
+    vocab_size=32,
+    hidden_size=128,
+    intermediate_size=384,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    head_dim=32,
+    max_position_embeddings=128,
+    tie_word_embeddings=True,
+    rope_theta=10000.0,
+)
+
+
+def test_checkpoint_layout_is_what_vllms_block_fp8_linear_allocates():
+    """Names, dtypes and shapes of the parameters vLLM's Fp8LinearMethod.create_weights registers
+    for a block-quantized layer: `weight` float8_e4m3fn (out, in) and `weight_scale_inv` float32
+    (ceil(out/128), ceil(in/128)) (fp8_utils.create_fp8_weight_parameter / create_fp8_scale_parameter;
+    building them needs vLLM's tensor-parallel group, so the layout is restated here)."""
+    model = build_tiny_model(ALIGNED, 0)
+    state = model.state_dict()
+    ckpt = quant.fp8_checkpoint_state_dict(state, torch.bfloat16)
+    linear = [n for n, t in state.items() if quant.is_quantized_weight(n, t)]
+    assert len(linear) == 2 * 7  # q, k, v, o, gate, up, down per layer
+    for name in linear:
+        out_f, in_f = state[name].shape
+        assert ckpt[name].dtype == torch.float8_e4m3fn and ckpt[name].shape == (out_f, in_f)
+        assert ckpt[name + "_scale_inv"].dtype == torch.float32
+        assert ckpt[name + "_scale_inv"].shape == (-(-out_f // 128), -(-in_f // 128))
+    # everything else stays in the engine dtype, under its own name
+    rest = set(ckpt) - set(linear) - {n + "_scale_inv" for n in linear}
+    assert rest == set(state) - set(linear) and all(ckpt[n].dtype == torch.bfloat16 for n in rest)
+
+
+def test_native_and_emulated_fp8_weights_are_the_same_numbers():
+    """The GPU path's FP8 weights dequantize to exactly the CPU emulation's weights."""
+    torch.manual_seed(0)
+    state = {"model.layers.0.mlp.down_proj.weight": torch.randn(130, 300), "model.norm.weight": torch.randn(130)}
+    ckpt = quant.fp8_checkpoint_state_dict(state, torch.float32)
+    emu = quant.fp8_emulated_state_dict(state, torch.float32)
+    name = "model.layers.0.mlp.down_proj.weight"
+    assert torch.equal(quant.fp8_block_dequantize(ckpt[name], ckpt[name + "_scale_inv"]), emu[name])
+    assert torch.equal(ckpt["model.norm.weight"], emu["model.norm.weight"])
+
+
+def test_vllm_reads_the_quantization_config_as_128x128_block_fp8():
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+    c = Fp8Config.from_config(quant.VLLM_QUANTIZATION_CONFIG)
+    assert c.weight_block_size == [128, 128] and c.activation_scheme == "dynamic" and c.is_checkpoint_fp8_serialized
+
+
+def test_block_alignment_check_names_the_field():
+    from transformers import Qwen3Config
+
+    qwen3_06b = Qwen3Config(hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8, head_dim=128)
+    qwen3_17b = Qwen3Config(hidden_size=2048, intermediate_size=6144, num_attention_heads=16, num_key_value_heads=8, head_dim=128)
+    quant.check_block_aligned(qwen3_06b)
+    quant.check_block_aligned(qwen3_17b)
+    tiny = load("configs/tiny.yaml").models["tiny"].arch
+    with pytest.raises(ValueError, match=r"num_key_value_heads \* head_dim"):
+        quant.check_block_aligned(Qwen3Config(**tiny))
+
+
+def test_fp8_backend_choice_and_config_error():
+    assert fp8_backend(EngineConfig(), on_gpu=True) == "native"
+    assert fp8_backend(EngineConfig(), on_gpu=False) == "emulate"
+    assert fp8_backend(EngineConfig(fp8_backend="emulate"), on_gpu=True) == "emulate"
+    with pytest.raises(ConfigError, match="engine.fp8_backend"):
+        load("configs/tiny.yaml", {"engine.fp8_backend": "fast"})
+
+
+@pytest.mark.engine
+def test_native_engine_builds_vllms_block_fp8_layers(tmp_path: Path, smoke_cfg):
+    """On this CPU (no AMX) vLLM gets as far as choosing a block-scaled FP8 kernel for each linear
+    layer and says it cannot run it; where it can (AMX CPU or GPU), the engine samples after a load."""
+    from dlcrepro.engine import VLLMEngine
+
+    mdir = tmp_path / "aligned"
+    model = build_tiny_model(ALIGNED, 0)
+    save_model_dir(model, build_tokenizer(), mdir)
+    cfg = EngineConfig(**{**smoke_cfg.engine.__dict__, "fp8_backend": "native"})
+    try:
+        engine = VLLMEngine(str(mdir), cfg, "fp8", seed=0, max_model_len=64)
+    except ValueError as e:
+        assert "BlockScaledMM" in str(e), e  # the block-FP8 path, not per-tensor FP8
+        return
+    with pytest.raises(RuntimeError, match="load_weights first"):
+        engine.greedy([[3, 4]])
+    engine.load_weights({k: v.detach() for k, v in model.state_dict().items()}, 0)
+    assert len(engine.generate([[3, 4, 5]], 4, seed=0).response_ids) == 4
