@@ -65,7 +65,6 @@ class PhaseTimer:
 class Scored:
     """A rollout laid out for the trainer, with rewards and per-token advantages."""
 
-    rollout: Rollout
     tb: TokenBatch
     rewards: torch.Tensor  # (B,)
     adv_tok: torch.Tensor  # (N,)
@@ -161,7 +160,7 @@ class Trainer:
         rewards = torch.tensor(data.rewards(self.tokenizer, problems, rollout.response_ids), dtype=torch.float32)
         adv = advantages(rewards, rollout.group, len(idx))
         tb = make_token_batch(rollout.prompt_ids, rollout.response_ids, self.tokenizer.pad_token_id)
-        return Scored(rollout, tb.to(self.device), rewards, adv.to(self.device)[tb.seq])
+        return Scored(tb.to(self.device), rewards, adv.to(self.device)[tb.seq])
 
     def logits(self, model, tb: TokenBatch) -> torch.Tensor:
         with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
@@ -220,6 +219,7 @@ class Trainer:
             if kept is not None:
                 logits_t, logp_s = kept
             else:  # θ at this moment (PPO's later epochs see the updated θ), θ_s as sampled
+                # (`synced`: θ_t still equals θ_s, so its distribution is θ_s's)
                 logits_t = self.logits(self.policy, sub)
                 logp_s = self.sampler_logp(sub, synced, torch.log_softmax(logits_t.detach(), -1))
             q = engine_distribution(rollout.topk_ids[sl].to(self.device), rollout.topk_logp[sl].to(self.device), logp_s)
@@ -281,8 +281,9 @@ class Trainer:
 
         with timer("update"):
             for u in range(updates):
-                # PPO's further epochs: fresh logits at the current θ, the same θ_old (b)
-                g_u = g_c if u == 0 else self.correction_grad(s, rollout, e, a, b, synced, None)
+                # PPO's further epochs: fresh logits at the current θ, the same θ_old (b); θ has
+                # moved, so θ_s's distribution comes from the sampler's copy even when it was synced
+                g_u = g_c if u == 0 else self.correction_grad(s, rollout, e, a, b, False, None)
                 self._apply(g_u)
             if updates > 1:  # the run's update direction over all its SGD steps
                 g_c = (theta_before - flat_params(self.params)) / t.lr

@@ -1,0 +1,291 @@
+"""`python -m dlcrepro.gpu_check`: every GPU-side piece that can run on this machine, one line each.
+
+Runs on a machine with one CUDA GPU and PyTorch; transformers, vLLM and model weights are optional
+(pieces that need a missing one say SKIP and why). Everything uses models built here from a
+seed: no download. Exit status 1 when a piece FAILs. `--device cpu` runs the same checks on the
+CPU (what the test suite does, to keep the script itself working).
+
+Pieces:
+  cuda          the device, its memory, bf16 support
+  quantizer     block-FP8 quantization on the device equals the CPU's bit for bit
+  activations   per-token 1x128 FP8 activation rounding on the device equals the CPU's
+  corrections   every registered correction's loss and gradient on the device equal the CPU's
+  trainer       tiny Qwen3 on the device: log-probs at θ_t/θ_s/θ_0 in the trainer's numerics
+                (bf16 autocast, fp32 weights and log-softmax), an SGD step, micro-batching exact
+  vllm-bf16     vLLM engine (CUDA graphs) on the tiny model: weights pushed, samples, log-probs
+                within BF16 tolerance of the trainer's
+  vllm-fp8      vLLM's native block-FP8 path fed weight + weight_scale_inv: samples, a larger
+                discrepancy than BF16, and a sync that changes the samples
+  cell          three steps of a real grid cell (fp8_stale/dlc) through run_cell on the device
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+# Linear widths that are multiples of 128 so that vLLM's block-FP8 path takes the model.
+ALIGNED_ARCH = dict(
+    vocab_size=32,
+    hidden_size=128,
+    intermediate_size=384,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    head_dim=32,
+    max_position_embeddings=128,
+    tie_word_embeddings=True,
+    rope_theta=10000.0,
+)
+
+
+class Skip(Exception):
+    """A piece that cannot run here (a missing package or device)."""
+
+
+def _need(module: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        raise Skip(f"{module} not installed")
+
+
+def check_cuda(dev: torch.device) -> str:
+    if dev.type != "cuda":
+        return "cpu run (no CUDA asked for)"
+    if not torch.cuda.is_available():
+        raise AssertionError("torch.cuda.is_available() is False")
+    p = torch.cuda.get_device_properties(dev)
+    return f"{p.name}, {p.total_memory / 2**30:.0f} GiB, bf16 {torch.cuda.is_bf16_supported()}, torch {torch.__version__}"
+
+
+def check_quantizer(dev: torch.device) -> str:
+    from . import quant
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(300, 260, generator=g) * torch.logspace(-3, 1, 260)  # blocks of very different scale
+    w[:128, :128] = 0  # an all-zero block
+    q_cpu, s_cpu = quant.fp8_block_quantize(w)
+    q_dev, s_dev = quant.fp8_block_quantize(w.to(dev))
+    assert torch.equal(q_cpu.view(torch.uint8), q_dev.cpu().view(torch.uint8)), "FP8 bits differ"
+    assert torch.equal(s_cpu, s_dev.cpu()), "scales differ"
+    err = (quant.fp8_block_dequantize(q_dev, s_dev).cpu() - w).abs().max().item()
+    return f"bit-identical q and scale_inv {tuple(s_dev.shape)}; max |w - dq(q)| {err:.3g}"
+
+
+def check_activations(dev: torch.device) -> str:
+    from . import quant
+
+    x = torch.randn(7, 5, 300, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    a, b = quant.fp8_round_activations(x), quant.fp8_round_activations(x.to(dev)).cpu()
+    assert torch.equal(a, b), f"max diff {(a.float() - b.float()).abs().max().item()}"
+    return "bit-identical"
+
+
+def check_corrections(dev: torch.device) -> str:
+    from .corrections import CORRECTIONS, CorrectionParams, TokenTerms, engine_distribution
+
+    g = torch.Generator().manual_seed(2)
+    n, v, d = 64, 50, 16
+    feats, w0 = torch.randn(n, d, generator=g), torch.randn(d, v, generator=g) * 0.3
+    tokens = torch.randint(v, (n,), generator=g)
+    adv = torch.randn(n, generator=g)
+    logp_s = torch.log_softmax(feats @ (w0 + 0.05 * torch.randn(d, v, generator=g)), -1)
+    e = logp_s.gather(-1, tokens[:, None]).squeeze(-1) + 0.01 * torch.randn(n, generator=g)
+    topv, topi = logp_s.topk(10, -1)
+
+    def run(device):
+        w = w0.clone().to(device).requires_grad_(True)
+        logits = feats.to(device) @ w
+        b = torch.log_softmax(logits.detach(), -1).gather(-1, tokens.to(device)[:, None]).squeeze(-1)
+        ls = logp_s.to(device)
+        q = engine_distribution(topi.to(device), topv.to(device), ls)
+        terms = TokenTerms(logits, tokens.to(device), adv.to(device), e.to(device), ls.gather(-1, tokens.to(device)[:, None]).squeeze(-1), b, q, ls)
+        out = {}
+        for name, c in CORRECTIONS.items():
+            (grad,) = torch.autograd.grad(c.fn(terms, CorrectionParams()), w, retain_graph=True)
+            out[name] = grad.cpu().double()
+        return out
+
+    cpu, on_dev = run(torch.device("cpu")), run(dev)
+    worst = max(((cpu[k] - on_dev[k]).norm() / cpu[k].norm().clamp_min(1e-12)).item() for k in cpu)
+    assert worst < 1e-4, f"relative gradient difference {worst:.2e}"
+    return f"{len(cpu)} corrections, worst relative gradient difference {worst:.1e}"
+
+
+def _tiny_batch(n: int = 24):
+    from . import countdown
+    from .model import build_tokenizer, make_token_batch
+
+    tok = build_tokenizer()
+    problems = countdown.generate(n, seed=0, number_range=(1, 9), target_range=(1, 30))
+    prompts = [tok(countdown.compact_prompt(p), add_special_tokens=False).input_ids for p in problems]
+    answers = [tok(countdown.solve(p.numbers, p.target), add_special_tokens=False).input_ids + [tok.eos_token_id] for p in problems]
+    return tok, make_token_batch(prompts, answers, tok.pad_token_id)
+
+
+def check_trainer(dev: torch.device) -> str:
+    _need("transformers")
+    import copy
+
+    from .model import build_tiny_model, response_logits, token_logprobs
+
+    _, tb = _tiny_batch()
+    tb = tb.to(dev)
+    policy = build_tiny_model(ALIGNED_ARCH, 0).to(dev)
+    theta_s, theta_0 = copy.deepcopy(policy).eval(), copy.deepcopy(policy).eval()
+    autocast = dict(device_type=dev.type, dtype=torch.bfloat16)
+
+    def logp(model, grad=False, chunk=1024):
+        with torch.set_grad_enabled(grad), torch.autocast(**autocast):
+            return token_logprobs(response_logits(model, tb, chunk), tb.tokens)
+
+    b = logp(policy, grad=True)
+    assert b.dtype == torch.float32, b.dtype
+    a = logp(theta_s)
+    assert torch.equal(a, b.detach()), "θ_s = θ_t but log-probs differ: the numerics are not identical"
+    assert torch.allclose(logp(policy, chunk=5), b.detach(), atol=1e-5), "micro-batched log-probs differ"
+    opt = torch.optim.SGD(policy.parameters(), lr=0.5)
+    (-b.mean()).backward()
+    opt.step()
+    b2 = logp(policy)
+    lag = (b2 - a).abs().mean().item()
+    assert lag > 0 and torch.equal(logp(theta_0), a), "θ_0 changed or θ_t did not"
+    with torch.no_grad():
+        fp32 = token_logprobs(response_logits(policy, tb), tb.tokens)
+    d = (fp32 - b2).abs().mean().item()
+    return f"log-probs at θ_t/θ_s/θ_0 in bf16 autocast; SGD step moved them {lag:.3g}/token; bf16 vs fp32 {d:.3g}/token"
+
+
+def _engine_cfg():
+    from .config import EngineConfig
+
+    return EngineConfig(max_tokens=16, topk=64, kv_cache_mib=64, gpu_memory_utilization=0.2)
+
+
+def _model_dir(tmp: Path):
+    from .model import build_tiny_model, build_tokenizer, save_model_dir
+
+    mdir = tmp / "aligned"
+    if not (mdir / "config.json").exists():
+        save_model_dir(build_tiny_model(ALIGNED_ARCH, 0), build_tokenizer(), mdir)
+    return mdir
+
+
+def _delta(engine, model, prompts, dev):
+    from .model import make_token_batch, response_logits, token_logprobs
+
+    r = engine.generate(prompts, 8, seed=0, topk=64)
+    tb = make_token_batch(r.prompt_ids, r.response_ids).to(dev)
+    with torch.no_grad():
+        a = token_logprobs(response_logits(model, tb), tb.tokens)
+    return r, (a.cpu() - r.engine_logp).abs().mean().item()
+
+
+def check_vllm(dev: torch.device, tmp: Path, precision: str) -> str:
+    _need("transformers")
+    _need("vllm")
+    from . import countdown
+    from .engine import VLLMEngine
+    from .model import build_tokenizer, load_model
+
+    mdir = _model_dir(tmp)
+    cfg = _engine_cfg()
+    if precision == "fp8":
+        cfg.fp8_backend = "native" if dev.type == "cuda" else "emulate"
+    model = load_model(mdir).to(dev).eval()
+    tok = build_tokenizer()
+    prompts = [tok(countdown.compact_prompt(p), add_special_tokens=False).input_ids for p in countdown.generate(16, seed=1, number_range=(1, 9), target_range=(1, 30))]
+    t = time.perf_counter()
+    engine = VLLMEngine(str(mdir), cfg, precision, seed=0, max_model_len=64)
+    start = time.perf_counter() - t
+    engine.load_weights({k: v.detach() for k, v in model.state_dict().items()}, 0)
+    r, delta = _delta(engine, model, prompts, dev)
+    assert r.topk_logp is not None and torch.allclose(r.topk_logp.exp().sum(-1), torch.ones(len(r.topk_logp)), atol=2e-2)
+    kind = "native block-FP8" if engine.native else ("emulated FP8" if precision == "fp8" else "BF16")
+    msg = f"start {start:.1f} s, {kind}, eager {engine.llm.llm_engine.model_config.enforce_eager}, mean |δ| {delta:.4f}/token"
+    if precision == "bf16":
+        assert delta < 0.05, msg
+    else:
+        with torch.no_grad():  # a sync changes what it samples
+            for p in model.parameters():
+                p.mul_(1.5)
+        engine.load_weights({k: v.detach() for k, v in model.state_dict().items()}, 1)
+        r2, delta2 = _delta(engine, model, prompts, dev)
+        assert r2.response_ids != r.response_ids, "the engine ignored the new weights"
+        assert delta2 < 0.5, f"after a sync the FP8 engine is off by {delta2:.3f}/token"
+        msg += f"; after a sync {delta2:.4f}/token"
+    del engine
+    return msg
+
+
+def check_cell(dev: torch.device, tmp: Path) -> str:
+    _need("transformers")
+    _need("vllm")
+    from .config import load
+    from .train import run_cell
+
+    root = Path(__file__).resolve().parent.parent
+    over = {
+        "models": {"tiny": {"kind": "tiny", "arch": ALIGNED_ARCH, "trainer_dtype": "bfloat16" if dev.type == "cuda" else "float32"}},
+        "train.steps": 3,
+        "train.prompts_per_step": 4,
+        "train.responses_per_prompt": 4,
+        "train.eval_every": 3,
+        "train.probe_every": 1,
+        "task.n_train": 200,
+        "task.n_test": 16,
+        "engine.kv_cache_mib": 64,
+        "engine.gpu_memory_utilization": 0.2,
+        "engine.max_tokens": 16,
+    }
+    cfg = load(root / "configs" / "smoke.yaml", over)
+    t = time.perf_counter()
+    s = run_cell(cfg, "tiny", "fp8_stale", "dlc", 0, tmp / "cell", model_dir=str(_model_dir(tmp)))
+    assert s["steps"] == 3, s
+    return f"3 steps in {time.perf_counter() - t:.1f} s; M {s['noise_floor_multiple']:.2f}, test accuracy {s['final_test_accuracy']:.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dlcrepro.gpu_check", description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    p.add_argument("--only", nargs="*", help="run only these pieces")
+    args = p.parse_args(argv)
+    dev = torch.device(args.device)
+    tmp = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    pieces = {
+        "cuda": lambda: check_cuda(dev),
+        "quantizer": lambda: check_quantizer(dev),
+        "activations": lambda: check_activations(dev),
+        "corrections": lambda: check_corrections(dev),
+        "trainer": lambda: check_trainer(dev),
+        "vllm-bf16": lambda: check_vllm(dev, tmp, "bf16"),
+        "vllm-fp8": lambda: check_vllm(dev, tmp, "fp8"),
+        "cell": lambda: check_cell(dev, tmp),
+    }
+    failed = 0
+    for name, fn in pieces.items():
+        if args.only and name not in args.only:
+            continue
+        t = time.perf_counter()
+        try:
+            status, msg = "PASS", fn()
+        except Skip as e:
+            status, msg = "SKIP", str(e)
+        except Exception as e:  # a piece's failure is reported, the others still run
+            status, msg = "FAIL", f"{type(e).__name__}: {e}"
+            traceback.print_exc(file=sys.stderr)
+            failed += 1
+        print(f"{status} {name:<12s} {time.perf_counter() - t:6.1f} s  {msg}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
