@@ -80,3 +80,28 @@ def test_missing_dataset_says_how_to_fetch_it(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(ConfigError, match="--repo-type dataset Jiayi-Pan/Countdown-Tasks-3to4"):
         resolve_dataset_path("Jiayi-Pan/Countdown-Tasks-3to4")
+
+
+# The generation-prompt part of Qwen3's chat template (ChatML turns; with thinking disabled the
+# template itself closes an empty <think> block).
+QWEN3_STYLE_TEMPLATE = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+
+
+def test_chat_prompt_is_the_instruction_through_the_template_with_thinking_disabled():
+    from dlcrepro import data
+    from dlcrepro.countdown import Problem
+    from dlcrepro.model import build_tokenizer
+
+    tok = build_tokenizer()
+    tok.chat_template = QWEN3_STYLE_TEMPLATE
+    text = data.prompt_text(tok, Problem((3, 7, 25), 46), "chat")
+    assert text.startswith("<|im_start|>user\nUsing the numbers [3, 7, 25], create an equation that equals 46.")
+    assert "<answer>" in text and text.endswith("<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    # the template's own markers are the only special text: the tokenizer adds none (no BOS/EOS)
+    ids = data.encode_prompts(tok, [Problem((3, 7, 25), 46)], "chat")[0]
+    assert ids == tok(text, add_special_tokens=False).input_ids and tok.eos_token_id not in ids
