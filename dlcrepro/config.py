@@ -98,8 +98,10 @@ class WarmstartConfig:
     steps: int = 1500
     # sequences per step.
     batch: int = 128
-    # AdamW learning rate (cosine decay to 10 %).
+    # AdamW learning rate, decayed along a cosine to `lr_final` x lr.
     lr: float = 2e-3
+    # the learning rate at the end of the budget, as a fraction of `lr` (1 = constant).
+    lr_final: float = 0.1
     # wall-second budget (0 = none): the cosine schedule follows whichever of steps and seconds runs
     # out first, and training stops there; the step count reached is recorded in warmstart.json.
     max_seconds: float = 0.0

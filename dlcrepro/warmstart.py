@@ -61,8 +61,8 @@ def warmstart(cfg: Config, model_name: str, out: Path | None = None) -> dict:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        for g in opt.param_groups:  # cosine decay to 10 % over the budget, whichever runs out first
-            g["lr"] = ws.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress(step))))
+        for g in opt.param_groups:  # cosine decay to lr_final over the budget, whichever runs out first
+            g["lr"] = ws.lr * (ws.lr_final + (1 - ws.lr_final) * 0.5 * (1 + math.cos(math.pi * progress(step))))
         opt.step()
         steps_done = step + 1
         if step % 50 == 0:
