@@ -9,21 +9,8 @@ import torch
 from dlcrepro import quant
 from dlcrepro.config import ConfigError, EngineConfig, load
 from dlcrepro.engine import fp8_backend
+from dlcrepro.gpu_check import ALIGNED_ARCH as ALIGNED  # linear widths all multiples of 128
 from dlcrepro.model import build_tiny_model, build_tokenizer, save_model_dir
-
-# Linear widths all multiples of 128 (the smoke/tiny model's k/v projections are 64 wide).
-ALIGNED = dict(
-    vocab_size=32,
-    hidden_size=128,
-    intermediate_size=384,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    head_dim=32,
-    max_position_embeddings=128,
-    tie_word_embeddings=True,
-    rope_theta=10000.0,
-)
 
 
 def test_checkpoint_layout_is_what_vllms_block_fp8_linear_allocates():
