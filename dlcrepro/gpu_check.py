@@ -17,12 +17,17 @@ Pieces:
   vllm-fp8      vLLM's native block-FP8 path fed weight + weight_scale_inv: samples, a larger
                 discrepancy than BF16, and a sync that changes the samples
   cell          three steps of a real grid cell (fp8_stale/dlc) through run_cell on the device
+  paper-trainer the trainer's side of one paper step (a stale sampler, dlc, probes) at Qwen3-0.6B
+                and -1.7B size (random weights, their published architectures) with the paper
+                config's batch and micro_batch: seconds per phase and peak GPU memory, which the
+                README's memory plan and cost model only estimate. CUDA only.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import sys
 import tempfile
@@ -46,6 +51,26 @@ ALIGNED_ARCH = dict(
     tie_word_embeddings=True,
     rope_theta=10000.0,
 )
+
+
+# The published architectures of the paper's models (their config.json), for the paper-trainer
+# piece: it needs their size and shapes, not their weights.
+QWEN3_ARCH = {
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072),
+    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144),
+}
+for _a in QWEN3_ARCH.values():
+    _a.update(
+        vocab_size=151936,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    )
 
 
 class Skip(Exception):
@@ -251,6 +276,113 @@ def check_cell(dev: torch.device, tmp: Path) -> str:
     return f"3 steps in {time.perf_counter() - t:.1f} s; M {s['noise_floor_multiple']:.2f}, test accuracy {s['final_test_accuracy']:.2f}"
 
 
+def paper_step_batch(num_seqs: int, group: int, prompt_len: int, resp_len: tuple[int, int], vocab: int, topk: int, seed: int):
+    """A (Scored, Rollout) pair with the paper step's shapes and random tokens: `num_seqs`
+    responses of `group` per prompt, lengths uniform in `resp_len`, top-`topk` engine log-probs."""
+    from .engine import Rollout
+    from .model import make_token_batch
+    from .train import Scored
+
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(resp_len[0], resp_len[1] + 1, (num_seqs,), generator=g).tolist()
+    prompts = [torch.randint(vocab, (prompt_len,), generator=g).tolist() for _ in range(num_seqs // group)]
+    prompt_ids = [prompts[i // group] for i in range(num_seqs)]
+    response_ids = [torch.randint(vocab, (n,), generator=g).tolist() for n in lens]
+    tb = make_token_batch(prompt_ids, response_ids)
+    n = tb.tokens.numel()
+    topk_logp = torch.log_softmax(torch.randn(n, topk + 1, generator=g), -1)[:, :topk].sort(-1, descending=True).values
+    rollout = Rollout(
+        prompt_ids=prompt_ids,
+        response_ids=response_ids,
+        group=torch.arange(num_seqs) // group,
+        engine_logp=topk_logp[:, 0] - 0.01,
+        topk_ids=torch.randint(vocab, (n, topk), generator=g),
+        topk_logp=topk_logp,
+        version=0,
+    )
+    rewards = torch.where(torch.rand(num_seqs, generator=g) < 0.3, 1.0, -1.0)
+    from .train import advantages
+
+    adv = advantages(rewards, rollout.group, num_seqs // group)
+    return Scored(tb, rewards, adv[tb.seq]), rollout
+
+
+def learner_step(learner, scored, probes, rollout) -> dict[str, float]:
+    """The trainer's side of one step of `Trainer.step` (a stale sampler, probing): seconds per
+    phase, with the device synchronised at each phase's end."""
+    from .diagnostics import squared_distance
+
+    dev = learner.device
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    sec, t = {}, time.perf_counter()
+
+    def lap(name):
+        nonlocal t
+        sync()
+        sec[name] = time.perf_counter() - t
+        t = time.perf_counter()
+
+    s = scored
+    a, b, _, kept = learner.log_probs(s, synced=False)
+    lap("logprobs")
+    g_on, g_on2 = (learner.pg_grad(p) for p in probes)
+    learner.token_logp(learner.initial_model, probes[0].tb)
+    lap("probe")
+    e = rollout.engine_logp.to(dev)
+    g_c = learner.correction_grad(s, rollout, e, a, b, False, kept)
+    del kept
+    lap("correction")
+    learner._apply(g_c)
+    dev_, floor = squared_distance(g_c, g_on), squared_distance(g_on, g_on2)
+    assert math.isfinite(dev_) and floor > 0, (dev_, floor)
+    lap("update")
+    return sec
+
+
+def check_paper_trainer(dev: torch.device, models=tuple(QWEN3_ARCH), shape: dict | None = None, archs: dict | None = None) -> str:
+    """One trainer step per paper model at the paper config's batch, micro_batch and lr; the
+    sampled tokens are random (the trainer's cost does not depend on them), the response lengths
+    uniform in [150, 450] (~300 tokens, the cost model's assumption) after a ~120-token chat prompt."""
+    _need("transformers")
+    if dev.type != "cuda" and shape is None:
+        raise Skip("paper-size models need a GPU (the tests run this piece at a small size on CPU)")
+    from .config import load
+    from .model import build_tiny_model
+    from .train import Learner
+
+    cfg = load(Path(__file__).resolve().parent.parent / "configs" / "paper.yaml")
+    shape = shape or dict(prompt_len=120, resp_len=(150, 450))
+    archs = archs or QWEN3_ARCH
+    out = []
+    for name in models:
+        tcfg = cfg.train_for(name)
+        arch = archs[name]
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(dev)
+        t = time.perf_counter()
+        with torch.device(dev):
+            model = build_tiny_model(arch, 0)
+        learner = Learner(model, tcfg, "dlc", cfg.models[name].trainer_dtype, dev)
+        build = time.perf_counter() - t
+        num_seqs, group = tcfg.prompts_per_step * tcfg.responses_per_prompt, tcfg.responses_per_prompt
+        mk = lambda seed, n=num_seqs: paper_step_batch(n, group, vocab=arch["vocab_size"], topk=cfg.engine.topk, seed=seed, **shape)  # noqa: E731
+        to = lambda sr: (type(sr[0])(sr[0].tb.to(dev), sr[0].rewards, sr[0].adv_tok.to(dev)), sr[1])  # noqa: E731
+        # warm-up (kernels, allocator) on a batch of two micro-batches, then the full step
+        (w, wr), (w1, _), (w2, _) = (to(mk(seed, 2 * tcfg.micro_batch)) for seed in (9, 10, 11))
+        learner_step(learner, w, [w1, w2], wr)
+        (s, r), (p1, _), (p2, _) = to(mk(0)), to(mk(1)), to(mk(2))
+        sec = learner_step(learner, s, [p1, p2], r)
+        peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
+        params = sum(p.numel() for p in learner.params) / 1e9
+        out.append(
+            f"{name} ({params:.2f}B params, {num_seqs} seqs, {s.tb.tokens.numel()} response tokens, micro_batch {tcfg.micro_batch}): "
+            f"build {build:.1f} s; step " + ", ".join(f"{k} {v:.1f}" for k, v in sec.items()) + f" = {sum(sec.values()):.1f} s; peak {peak:.1f} GiB"
+        )
+        del learner, model, s, p1, p2, w, w1, w2
+    return "; ".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dlcrepro.gpu_check", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
@@ -268,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         "vllm-bf16": lambda: check_vllm(dev, tmp, "bf16"),
         "vllm-fp8": lambda: check_vllm(dev, tmp, "fp8"),
         "cell": lambda: check_cell(dev, tmp),
+        "paper-trainer": lambda: check_paper_trainer(dev),
     }
     failed = 0
     for name, fn in pieces.items():

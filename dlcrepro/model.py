@@ -145,13 +145,17 @@ def make_token_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Seque
 
 
 def response_logits(model, tb: TokenBatch, chunk: int = 1024) -> torch.Tensor:
-    """Trainer logits `(N, V)` in float32 at every response position (grad flows if enabled)."""
+    """Trainer logits `(N, V)` in float32 at every response position (grad flows if enabled).
+
+    The output head runs on the response positions' hidden states only: prompt positions' logits
+    are never formed (with Qwen3's V = 151,936 they would be a third of a step's head work)."""
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
     outs = []
     for start in range(0, tb.num_seqs, chunk):
         sl = slice(start, start + chunk)
-        logits = model(input_ids=tb.input_ids[sl], attention_mask=tb.attention_mask[sl]).logits
+        hidden = decoder(input_ids=tb.input_ids[sl], attention_mask=tb.attention_mask[sl]).last_hidden_state
         sel = (tb.rows >= start) & (tb.rows < start + chunk)
-        outs.append(logits[tb.rows[sel] - start, tb.cols[sel]].float())
+        outs.append(head(hidden[tb.rows[sel] - start, tb.cols[sel]]).float())
     return torch.cat(outs) if len(outs) > 1 else outs[0]
 
 

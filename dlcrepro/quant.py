@@ -26,6 +26,13 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _div_exact(x: torch.Tensor, d: float) -> torch.Tensor:
+    """x / d correctly rounded on every device. (CUDA PyTorch turns division by a Python scalar
+    into multiplication by its rounded reciprocal, which is off by one ulp for d = 448: the scales,
+    and so the FP8 codes, then differ from the CPU's. Seen on an H200, torch 2.11.)"""
+    return x / torch.full_like(x, d)
+
+
 def fp8_block_quantize(w: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize a 2-D weight `(out, in)` to FP8 with one scale per `block x block` tile.
 
@@ -40,7 +47,7 @@ def fp8_block_quantize(w: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tenso
     padded[:out_f, :in_f] = w.float()
     tiles = padded.view(nb_o, block, nb_i, block)
     amax = tiles.abs().amax(dim=(1, 3))
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    scale = torch.where(amax > 0, _div_exact(amax, FP8_MAX), torch.ones_like(amax))
     q = (tiles / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     q = q.view(nb_o * block, nb_i * block)[:out_f, :in_f].contiguous()
     return q, scale
@@ -66,7 +73,7 @@ def fp8_round_activations(x: torch.Tensor, group: int = BLOCK) -> torch.Tensor:
         xf = torch.nn.functional.pad(xf, (0, ng * group - feats))
     g = xf.reshape(*x.shape[:-1], ng, group)
     amax = g.abs().amax(dim=-1, keepdim=True)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    scale = torch.where(amax > 0, _div_exact(amax, FP8_MAX), torch.ones_like(amax))
     r = (g / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8).float() * scale
     return r.reshape(*x.shape[:-1], ng * group)[..., :feats].to(x.dtype)
 

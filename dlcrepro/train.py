@@ -96,71 +96,28 @@ class Cell:
     resync_steps: list[int] = field(default_factory=list)
 
 
-class Trainer:
-    """Holds θ_t (policy), θ_s (sampler_model), θ_0 (initial_model) and the engines of one run."""
+class Learner:
+    """The trainer's models and their micro-batched math, with no engine and no data: θ_t
+    (`policy`, updated by SGD), θ_s (`sampler_model`, the copy the sampler holds) and θ_0
+    (`initial_model`), all the same module class in the same numerics.
 
-    def __init__(self, cfg: Config, model_name: str, sampler: str, correction: str, seed: int, model_dir: Path):
-        self.cfg, self.seed = cfg, seed
-        self.tcfg = cfg.train_for(model_name)
-        self.sampler = get_sampler(sampler)
+    `Trainer` adds the engines and the task; `gpu_check` drives a Learner alone at the paper's
+    model sizes to measure a step's trainer time and memory."""
+
+    def __init__(self, policy: torch.nn.Module, tcfg, correction: str, trainer_dtype: str, device: torch.device):
+        self.tcfg, self.device = tcfg, device
         self.correction = get_correction(correction)
-        self.cparams = CorrectionParams(clip_c=self.tcfg.clip_c, ppo_eps=self.tcfg.ppo_eps)
-        mcfg = cfg.models[model_name]
-        self.autocast = torch.bfloat16 if mcfg.trainer_dtype == "bfloat16" else None
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.tokenizer = load_tokenizer(model_dir)
-        self.train_problems, self.test_problems = data.load_problems(cfg.task)
-        self._prompt_cache: dict[int, list[int]] = {}  # train prompts are encoded when first drawn
-        self.test_prompts = data.encode_prompts(self.tokenizer, self.test_problems, cfg.task.prompt)
-        self.policy = load_model(model_dir).to(self.device)
+        self.cparams = CorrectionParams(clip_c=tcfg.clip_c, ppo_eps=tcfg.ppo_eps)
+        self.autocast = torch.bfloat16 if trainer_dtype == "bfloat16" else None
+        self.policy = policy.to(device)
         self.policy.train()
         self.sampler_model = copy.deepcopy(self.policy).eval().requires_grad_(False)
         self.initial_model = copy.deepcopy(self.policy).eval().requires_grad_(False)
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
-        self.opt = torch.optim.SGD(self.params, lr=self.tcfg.lr)
-        # engines take the model's own context length
-        self.engine = VLLMEngine(str(model_dir), cfg.engine, self.sampler.precision, seed)
-        # The on-policy probe/eval engine is BF16 synced to θ_t: for the always-synced bf16 sampler
-        # that is the run's own engine.
-        shared = self.sampler.precision == "bf16" and self.sampler.always_synced
-        self.probe_engine = self.engine if shared else VLLMEngine(str(model_dir), cfg.engine, "bf16", seed)
-        self.probe_version = -1
-
-    # ------------------------------------------------------------------ pieces of a step
+        self.opt = torch.optim.SGD(self.params, lr=tcfg.lr)
 
     def state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in self.policy.state_dict().items()}
-
-    def sync_sampler(self, cell: Cell) -> None:
-        """θ_s ← θ_t, pushed to the run's engine (unless it already holds this version of θ_t)."""
-        version = cell.step
-        self.sampler_model.load_state_dict(self.policy.state_dict())
-        if self.engine.version != version:
-            self.engine.load_weights(self.state(), version)
-        if self.probe_engine is self.engine:
-            self.probe_version = version
-        cell.sampler_version = version
-
-    def sync_probe(self, version: int) -> None:
-        if self.probe_version != version:
-            self.probe_engine.load_weights(self.state(), version)
-            self.probe_version = version
-
-    def prompts_for(self, step: int) -> tuple[list[int], list[list[int]]]:
-        """The step's training problems (indices) and their prompt token ids."""
-        rng = np.random.default_rng(derive_seed(self.seed, step, "prompts"))
-        idx = rng.choice(len(self.train_problems), size=self.tcfg.prompts_per_step, replace=False).tolist()
-        new = [i for i in idx if i not in self._prompt_cache]
-        for i, ids in zip(new, data.encode_prompts(self.tokenizer, [self.train_problems[i] for i in new], self.cfg.task.prompt)):
-            self._prompt_cache[i] = ids
-        return idx, [self._prompt_cache[i] for i in idx]
-
-    def score(self, rollout: Rollout, idx: list[int]) -> Scored:
-        problems = [self.train_problems[idx[g]] for g in rollout.group.tolist()]
-        rewards = torch.tensor(data.rewards(self.tokenizer, problems, rollout.response_ids), dtype=torch.float32)
-        adv = advantages(rewards, rollout.group, len(idx))
-        tb = make_token_batch(rollout.prompt_ids, rollout.response_ids, self.tokenizer.pad_token_id)
-        return Scored(tb.to(self.device), rewards, adv.to(self.device)[tb.seq])
 
     def logits(self, model, tb: TokenBatch) -> torch.Tensor:
         with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
@@ -172,7 +129,7 @@ class Trainer:
         for sub, sl in s.tb.chunks(self.tcfg.micro_batch):
             logp = token_logprobs(self.logits(self.policy, sub), sub.tokens)
             gi = flat_grad(-(s.adv_tok[sl] * logp).sum() / n, self.params)
-            g = gi if g is None else g + gi
+            g = gi if g is None else g.add_(gi)
         return g
 
     def token_logp(self, model, tb: TokenBatch) -> torch.Tensor:
@@ -225,8 +182,72 @@ class Trainer:
             q = engine_distribution(rollout.topk_ids[sl].to(self.device), rollout.topk_logp[sl].to(self.device), logp_s)
             terms = TokenTerms(logits_t, sub.tokens, s.adv_tok[sl], e[sl], a[sl], b[sl], q, logp_s)
             gi = flat_grad(self.correction.fn(terms, self.cparams) * (sub.tokens.numel() / n), self.params)
-            g = gi if g is None else g + gi
+            g = gi if g is None else g.add_(gi)
         return g
+
+    def _apply(self, g: torch.Tensor) -> None:
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad = g[offset : offset + n].view_as(p)  # a view: SGD reads it, never writes it
+            offset += n
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+class Trainer(Learner):
+    """A Learner with the run's engines and task: samples, scores and takes whole steps."""
+
+    def __init__(self, cfg: Config, model_name: str, sampler: str, correction: str, seed: int, model_dir: Path):
+        self.cfg, self.seed = cfg, seed
+        self.sampler = get_sampler(sampler)
+        mcfg = cfg.models[model_name]
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer = load_tokenizer(model_dir)
+        self.train_problems, self.test_problems = data.load_problems(cfg.task)
+        self._prompt_cache: dict[int, list[int]] = {}  # train prompts are encoded when first drawn
+        self.test_prompts = data.encode_prompts(self.tokenizer, self.test_problems, cfg.task.prompt)
+        super().__init__(load_model(model_dir), cfg.train_for(model_name), correction, mcfg.trainer_dtype, device)
+        # engines take the model's own context length
+        self.engine = VLLMEngine(str(model_dir), cfg.engine, self.sampler.precision, seed)
+        # The on-policy probe/eval engine is BF16 synced to θ_t: for the always-synced bf16 sampler
+        # that is the run's own engine.
+        shared = self.sampler.precision == "bf16" and self.sampler.always_synced
+        self.probe_engine = self.engine if shared else VLLMEngine(str(model_dir), cfg.engine, "bf16", seed)
+        self.probe_version = -1
+
+    # ------------------------------------------------------------------ pieces of a step
+
+    def sync_sampler(self, cell: Cell) -> None:
+        """θ_s ← θ_t, pushed to the run's engine (unless it already holds this version of θ_t)."""
+        version = cell.step
+        self.sampler_model.load_state_dict(self.policy.state_dict())
+        if self.engine.version != version:
+            self.engine.load_weights(self.state(), version)
+        if self.probe_engine is self.engine:
+            self.probe_version = version
+        cell.sampler_version = version
+
+    def sync_probe(self, version: int) -> None:
+        if self.probe_version != version:
+            self.probe_engine.load_weights(self.state(), version)
+            self.probe_version = version
+
+    def prompts_for(self, step: int) -> tuple[list[int], list[list[int]]]:
+        """The step's training problems (indices) and their prompt token ids."""
+        rng = np.random.default_rng(derive_seed(self.seed, step, "prompts"))
+        idx = rng.choice(len(self.train_problems), size=self.tcfg.prompts_per_step, replace=False).tolist()
+        new = [i for i in idx if i not in self._prompt_cache]
+        for i, ids in zip(new, data.encode_prompts(self.tokenizer, [self.train_problems[i] for i in new], self.cfg.task.prompt)):
+            self._prompt_cache[i] = ids
+        return idx, [self._prompt_cache[i] for i in idx]
+
+    def score(self, rollout: Rollout, idx: list[int]) -> Scored:
+        problems = [self.train_problems[idx[g]] for g in rollout.group.tolist()]
+        rewards = torch.tensor(data.rewards(self.tokenizer, problems, rollout.response_ids), dtype=torch.float32)
+        adv = advantages(rewards, rollout.group, len(idx))
+        tb = make_token_batch(rollout.prompt_ids, rollout.response_ids, self.tokenizer.pad_token_id)
+        return Scored(tb.to(self.device), rewards, adv.to(self.device)[tb.seq])
 
     # ------------------------------------------------------------------ one step
 
@@ -299,15 +320,6 @@ class Trainer:
         with timer("eval"):
             row["test_accuracy"] = self.evaluate(k) if (k % t.eval_every == 0 or k == t.steps) else math.nan
         return row
-
-    def _apply(self, g: torch.Tensor) -> None:
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad = g[offset : offset + n].view_as(p).clone()
-            offset += n
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
 
     def evaluate(self, version: int) -> float:
         """Greedy test accuracy of θ_t on the BF16 engine."""

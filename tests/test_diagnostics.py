@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from dlcrepro import diagnostics as d
@@ -73,3 +74,11 @@ def test_summary_multiple_is_ratio_of_sums_and_crossings_are_first_steps():
     assert s["ess_crossing_step"] == 2 and s["ess_gauss_crossing_step"] == 2  # step 2's fresh batch, before its resync
     assert s["leave_floor_step"] is None  # moving averages 1, 1, 2
     assert s["final_test_accuracy"] == 0.1
+
+
+def test_squared_distance_sliced_equals_whole_in_float64():
+    g = torch.Generator().manual_seed(0)
+    g1, g2 = torch.randn(10_001, generator=g), torch.randn(10_001, generator=g) * 1e-3
+    whole = float(((g1.double() - g2.double()) ** 2).sum())
+    assert d.squared_distance(g1, g2, chunk=97) == pytest.approx(whole, rel=1e-12)
+    assert d.squared_distance(g1, g1) == 0.0

@@ -15,6 +15,21 @@ def test_block_scale_is_block_amax_over_448():
     assert float(q[0, 0].float()) == 448.0 and float(q[200, 5].float()) == -448.0
 
 
+def test_scales_are_amax_over_448_correctly_rounded():
+    """scale = amax / 448 rounded once (float64 division rounded to float32 is exact for this);
+    CUDA PyTorch's division by a Python scalar is a multiply by 1/448 and misses by an ulp."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(512, 384, generator=g) * torch.logspace(-4, 3, 384)
+    _, s = quant.fp8_block_quantize(w)
+    amax = w.abs().reshape(4, 128, 3, 128).amax(dim=(1, 3))
+    assert torch.equal(s, (amax.double() / 448).float())
+    x = torch.randn(5, 256, generator=g) * 1e-3
+    gx = x.reshape(5, 2, 128)
+    ref = (gx / (gx.abs().amax(-1, keepdim=True).double() / 448).float()).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+    ref = ref * (gx.abs().amax(-1, keepdim=True).double() / 448).float()
+    assert torch.equal(quant.fp8_round_activations(x), ref.reshape(5, 256))
+
+
 def test_all_zero_block_gets_scale_one():
     q, s = quant.fp8_block_quantize(torch.zeros(128, 300))
     assert s.shape == (1, 3) and torch.equal(s, torch.ones(1, 3))
