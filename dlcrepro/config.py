@@ -102,6 +102,8 @@ class WarmstartConfig:
     lr: float = 2e-3
     # the learning rate at the end of the budget, as a fraction of `lr` (1 = constant).
     lr_final: float = 0.1
+    # steps of linear warm-up from lr/warmup_steps to the schedule (0 = none).
+    warmup_steps: int = 0
     # wall-second budget (0 = none): the cosine schedule follows whichever of steps and seconds runs
     # out first, and training stops there; the step count reached is recorded in warmstart.json.
     max_seconds: float = 0.0
@@ -215,6 +217,15 @@ class Config:
         return resolve_local(m.path, "model", f"models.{model}.path")
 
 
+def _scalar_ok(value: Any, want: type) -> bool:
+    """`value` fits a field whose default has type `want` (an int where a float is wanted is fine)."""
+    if want in (bool, str):
+        return isinstance(value, want)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return want is float or isinstance(value, int)
+
+
 def _build(cls, data: Any, where: str):
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
@@ -232,6 +243,8 @@ def _build(cls, data: Any, where: str):
             value = {k: _build(ModelConfig, v, f"models.{k}") for k, v in (value or {}).items()}
         elif isinstance(f.default, tuple) and isinstance(value, list):
             value = tuple(value)
+        elif isinstance(f.default, (bool, int, float, str)) and not _scalar_ok(value, type(f.default)):
+            raise ConfigError(f"{key}: expected {type(f.default).__name__}, got {value!r}")
         kwargs[name] = value
     return cls(**kwargs)
 

@@ -61,8 +61,8 @@ def warmstart(cfg: Config, model_name: str, out: Path | None = None) -> dict:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        for g in opt.param_groups:  # cosine decay to lr_final over the budget, whichever runs out first
-            g["lr"] = ws.lr * (ws.lr_final + (1 - ws.lr_final) * 0.5 * (1 + math.cos(math.pi * progress(step))))
+        for g in opt.param_groups:
+            g["lr"] = ws.lr * lr_factor(step, progress(step), ws.lr_final, ws.warmup_steps)
         opt.step()
         steps_done = step + 1
         if step % 50 == 0:
@@ -93,6 +93,13 @@ def warmstart(cfg: Config, model_name: str, out: Path | None = None) -> dict:
     atomic_write_text(out / "warmstart.json", json.dumps(summary, indent=1))
     log(f"warmstart {model_name}: {n_params} parameters, {steps_done} steps in {train_seconds:.0f} s, greedy test accuracy {acc:.3f}")
     return summary
+
+
+def lr_factor(step: int, progress: float, lr_final: float, warmup_steps: int) -> float:
+    """The warm start's learning rate as a fraction of its peak: a cosine from 1 to `lr_final` over
+    the budget (`progress` 0 → 1), times a linear warm-up over the first `warmup_steps` steps."""
+    cosine = lr_final + (1 - lr_final) * 0.5 * (1 + math.cos(math.pi * progress))
+    return cosine * min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else cosine
 
 
 def _max_len(cfg: Config) -> int:

@@ -1,0 +1,27 @@
+import math
+
+import pytest
+
+from dlcrepro.config import ConfigError, load
+from dlcrepro.warmstart import lr_factor
+
+
+def test_lr_schedule_warms_up_linearly_then_follows_the_cosine_to_lr_final():
+    assert lr_factor(0, 0.0, 0.1, 50) == pytest.approx(1 / 50)
+    assert lr_factor(24, 0.0, 0.1, 50) == pytest.approx(25 / 50)
+    assert lr_factor(49, 0.0, 0.1, 50) == pytest.approx(1.0)
+    assert lr_factor(500, 0.5, 0.1, 50) == pytest.approx(0.55)  # half way down the cosine
+    assert lr_factor(900, 1.0, 0.1, 50) == pytest.approx(0.1)
+    assert lr_factor(0, 0.0, 0.1, 0) == 1.0  # no warm-up
+    # the warm-up scales the cosine: a budget that runs out during warm-up still ends at lr_final x ramp
+    assert lr_factor(9, 1.0, 0.1, 50) == pytest.approx(0.1 * 10 / 50)
+    assert all(math.isfinite(lr_factor(s, s / 100, 0.0, 10)) for s in range(101))
+
+
+def test_warmup_steps_is_a_typed_config_key(tmp_path):
+    from conftest import ROOT
+
+    cfg = load(ROOT / "configs" / "tiny.yaml")
+    assert cfg.models["tiny"].warmstart.warmup_steps >= 0
+    with pytest.raises(ConfigError, match="warmup_steps"):
+        load(ROOT / "configs" / "tiny.yaml", {"models.tiny.warmstart.warmup_steps": "fifty"})
