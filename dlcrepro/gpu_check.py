@@ -281,7 +281,7 @@ def paper_step_batch(num_seqs: int, group: int, prompt_len: int, resp_len: tuple
     responses of `group` per prompt, lengths uniform in `resp_len`, top-`topk` engine log-probs."""
     from .engine import Rollout
     from .model import make_token_batch
-    from .train import Scored
+    from .train import Scored, advantages
 
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(resp_len[0], resp_len[1] + 1, (num_seqs,), generator=g).tolist()
@@ -301,8 +301,6 @@ def paper_step_batch(num_seqs: int, group: int, prompt_len: int, resp_len: tuple
         version=0,
     )
     rewards = torch.where(torch.rand(num_seqs, generator=g) < 0.3, 1.0, -1.0)
-    from .train import advantages
-
     adv = advantages(rewards, rollout.group, num_seqs // group)
     return Scored(tb, rewards, adv[tb.seq]), rollout
 
