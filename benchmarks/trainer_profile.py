@@ -38,9 +38,9 @@ def main() -> None:
     tcfg = cfg.train_for(args.model)
     if args.micro_batch:
         tcfg.micro_batch = args.micro_batch
-    arch, shape = dict(gpu_check.QWEN3_ARCH[args.model]), dict(prompt_len=120, resp_len=(150, 450))
+    arch, shape = gpu_check.QWEN3_ARCH[args.model], dict(prompt_len=120, resp_len=(150, 450))
     if args.small:
-        arch.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32, vocab_size=1000)
+        arch = gpu_check.small_arch(arch)
         shape = dict(prompt_len=8, resp_len=(4, 12))
     with torch.device(dev):
         model = build_tiny_model(arch, 0)

@@ -55,22 +55,26 @@ ALIGNED_ARCH = dict(
 
 # The published architectures of the paper's models (their config.json), for the paper-trainer
 # piece: it needs their size and shapes, not their weights.
+_QWEN3_COMMON = dict(
+    vocab_size=151936,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
 QWEN3_ARCH = {
-    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072),
-    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144),
+    "qwen3-0.6b": dict(_QWEN3_COMMON, hidden_size=1024, intermediate_size=3072),
+    "qwen3-1.7b": dict(_QWEN3_COMMON, hidden_size=2048, intermediate_size=6144),
 }
-for _a in QWEN3_ARCH.values():
-    _a.update(
-        vocab_size=151936,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        max_position_embeddings=40960,
-        rope_theta=1000000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-    )
+
+
+def small_arch(arch: dict) -> dict:
+    """`arch` shrunk to run the paper-size code paths on a CPU in seconds."""
+    return dict(arch, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32, vocab_size=1000)
 
 
 class Skip(Exception):
@@ -157,34 +161,32 @@ def _tiny_batch(n: int = 24):
 
 
 def check_trainer(dev: torch.device) -> str:
+    """The run's `Learner` on the device in the paper's trainer numerics (bf16 autocast)."""
     _need("transformers")
-    import copy
+    import dataclasses
 
+    from .config import TrainConfig
     from .model import build_tiny_model, response_logits, token_logprobs
+    from .train import Learner, Scored
 
     _, tb = _tiny_batch()
     tb = tb.to(dev)
-    policy = build_tiny_model(ALIGNED_ARCH, 0).to(dev)
-    theta_s, theta_0 = copy.deepcopy(policy).eval(), copy.deepcopy(policy).eval()
-    autocast = dict(device_type=dev.type, dtype=torch.bfloat16)
-
-    def logp(model, grad=False, chunk=1024):
-        with torch.set_grad_enabled(grad), torch.autocast(**autocast):
-            return token_logprobs(response_logits(model, tb, chunk), tb.tokens)
-
-    b = logp(policy, grad=True)
+    learner = Learner(build_tiny_model(ALIGNED_ARCH, 0), TrainConfig(lr=0.5), "pg", "bfloat16", dev)
+    b = learner.token_logp(learner.policy, tb)
     assert b.dtype == torch.float32, b.dtype
-    a = logp(theta_s)
-    assert torch.equal(a, b.detach()), "θ_s = θ_t but log-probs differ: the numerics are not identical"
-    assert torch.allclose(logp(policy, chunk=5), b.detach(), atol=1e-5), "micro-batched log-probs differ"
-    opt = torch.optim.SGD(policy.parameters(), lr=0.5)
-    (-b.mean()).backward()
-    opt.step()
-    b2 = logp(policy)
+    a = learner.token_logp(learner.sampler_model, tb)
+    assert torch.equal(a, b), "θ_s = θ_t but log-probs differ: the numerics are not identical"
+    whole = learner.tcfg
+    learner.tcfg = dataclasses.replace(whole, micro_batch=5)
+    assert torch.allclose(learner.token_logp(learner.policy, tb), b, atol=1e-5), "micro-batched log-probs differ"
+    learner.tcfg = whole
+    ones = torch.ones(tb.tokens.numel(), device=dev)  # advantage 1 everywhere: the gradient of −mean log π
+    learner._apply(learner.pg_grad(Scored(tb, torch.ones(tb.num_seqs), ones)))
+    b2 = learner.token_logp(learner.policy, tb)
     lag = (b2 - a).abs().mean().item()
-    assert lag > 0 and torch.equal(logp(theta_0), a), "θ_0 changed or θ_t did not"
+    assert lag > 0 and torch.equal(learner.token_logp(learner.initial_model, tb), a), "θ_0 changed or θ_t did not"
     with torch.no_grad():
-        fp32 = token_logprobs(response_logits(policy, tb), tb.tokens)
+        fp32 = token_logprobs(response_logits(learner.policy, tb), tb.tokens)
     d = (fp32 - b2).abs().mean().item()
     return f"log-probs at θ_t/θ_s/θ_0 in bf16 autocast; SGD step moved them {lag:.3g}/token; bf16 vs fp32 {d:.3g}/token"
 
@@ -323,8 +325,7 @@ def learner_step(learner, scored, probes, rollout) -> dict[str, float]:
     s = scored
     a, b, _, kept = learner.log_probs(s, synced=False)
     lap("logprobs")
-    g_on, g_on2 = (learner.pg_grad(p) for p in probes)
-    learner.token_logp(learner.initial_model, probes[0].tb)
+    g_on, g_on2, _ = learner.probe(probes)
     lap("probe")
     e = rollout.engine_logp.to(dev)
     g_c = learner.correction_grad(s, rollout, e, a, b, False, kept)

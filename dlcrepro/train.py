@@ -132,6 +132,13 @@ class Learner:
             g = gi if g is None else g.add_(gi)
         return g
 
+    def probe(self, probes: list[Scored]) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """The on-policy gradients g_on, g_on′ of two probe batches, and the first batch's
+        off-support share under θ_0."""
+        g_on, g_on2 = (self.pg_grad(p) for p in probes)
+        logp_0 = self.token_logp(self.initial_model, probes[0].tb)
+        return g_on, g_on2, off_support_share(logp_0.cpu(), self.tcfg.off_support_threshold)
+
     def token_logp(self, model, tb: TokenBatch) -> torch.Tensor:
         """`(N,)` log π(y|p) of each response token under `model`, no gradient, micro-batched."""
         with torch.no_grad():
@@ -290,9 +297,7 @@ class Trainer(Learner):
                 # the two probe batches in one engine call: the prompts twice, independent seeds
                 both = self.probe_engine.generate(prompts + prompts, t.responses_per_prompt, derive_seed(self.seed, k, "probes"))
                 probes = [self.score(r, idx) for r in both.split(len(prompts))]
-                g_on, g_on2 = (self.pg_grad(p) for p in probes)
-                logp_0 = self.token_logp(self.initial_model, probes[0].tb)
-                row["off_support"] = off_support_share(logp_0.cpu(), t.off_support_threshold)
+                g_on, g_on2, row["off_support"] = self.probe(probes)
 
         with timer("correction"):
             updates = t.updates_per_batch if self.correction.multi_update else 1

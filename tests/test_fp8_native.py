@@ -120,7 +120,7 @@ def test_paper_trainer_piece_runs_a_learner_step_at_the_paper_batch_shape():
     on a small architecture: every phase runs and the sizes it reports are the paper config's."""
     from dlcrepro import gpu_check
 
-    small = {k: dict(v, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=32, vocab_size=500) for k, v in gpu_check.QWEN3_ARCH.items()}
+    small = {k: gpu_check.small_arch(v) for k, v in gpu_check.QWEN3_ARCH.items()}
     msg = gpu_check.check_paper_trainer(torch.device("cpu"), models=("qwen3-1.7b",), shape=dict(prompt_len=6, resp_len=(3, 6)), archs=small)
     assert "512 seqs" in msg and "micro_batch 8" in msg, msg
     for phase in ("logprobs", "probe", "correction", "update"):
