@@ -220,6 +220,11 @@ class VLLMEngine:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         else:
             kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_mib * 2**20
+        if not self.on_gpu:
+            # vLLM's sampler torch.compiles its sampled-token rank count on first use: 3.9 s of a
+            # CPU job spent compiling an op on an (n, vocab) tensor (5.1 of a 10-step cell's 6.7 s
+            # of sampling). Eager gives the same numbers. Process-wide; nothing else compiles on CPU.
+            torch._dynamo.config.disable = True
         # vLLM runs full garbage collections while it starts; objects that already exist (the
         # imported libraries, the problem set) need not be scanned: 1.1 s of a 2.3 s start here.
         gc.freeze()
