@@ -18,6 +18,21 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/aggregate.smk"
 
 
+FORK_SERVER = []
+
+
+onstart:
+    FORK_SERVER.append(start_fork_server())
+
+
+onsuccess:
+    stop_fork_server(FORK_SERVER[0] if FORK_SERVER else None)
+
+
+onerror:
+    stop_fork_server(FORK_SERVER[0] if FORK_SERVER else None)
+
+
 rule all:
     default_target: True
     input:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -35,11 +36,36 @@ def cmd_warmstart(args) -> int:
 
 
 def cmd_train(args) -> int:
+    if args.server:
+        from .server import run_via_server
+
+        status = run_via_server(args.server, _without_server(args.argv))
+        if status is not None:
+            return status
     from .train import run_cell
 
     cfg = _load(args)
     summary = run_cell(cfg, args.model, args.sampler, args.correction, args.seed, Path(args.out), model_dir=args.model_dir)
     print(json.dumps(summary, indent=1))
+    return 0
+
+
+def _without_server(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--server":
+            skip = True
+        elif not a.startswith("--server="):
+            out.append(a)
+    return out
+
+
+def cmd_serve(args) -> int:
+    from .server import default_socket, serve
+
+    serve(args.socket or default_socket(Path.cwd(), sys.executable), args.watch_pid, args.idle)
     return 0
 
 
@@ -101,7 +127,19 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--seed", type=int, required=True)
     t.add_argument("--out", required=True, help="the cell's result directory")
     t.add_argument("--model-dir", help="model weights directory (default from the config)")
+    t.add_argument(
+        "--server",
+        metavar="SOCKET",
+        default=os.environ.get("DLCREPRO_SERVER") or None,
+        help="run as a child of the fork server at SOCKET if one answers there, outside Slurm (default: $DLCREPRO_SERVER)",
+    )
     t.set_defaults(fn=cmd_train)
+
+    sv = sub.add_parser("serve", help="fork server: import torch and vLLM once, fork a child per `train --server` job")
+    sv.add_argument("--socket", help="Unix socket path (default: per working directory and python, under the temp dir)")
+    sv.add_argument("--watch-pid", type=int, help="stop when this process (e.g. snakemake) is gone")
+    sv.add_argument("--idle", type=float, help="stop after this many seconds without a job")
+    sv.set_defaults(fn=cmd_serve)
 
     s = sub.add_parser("sample", help="sample a batch from each of the four samplers and report mean |discrepancy|")
     common(s)
@@ -130,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     fg.add_argument("--out", default="figures")
     fg.set_defaults(fn=cmd_figures)
 
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
+    args.argv = argv
     from .config import ConfigError
 
     try:

@@ -192,6 +192,9 @@ class Config:
     tables_dir: str = "paper_tables"
     # workflow: the python that runs the package inside jobs ("" = the one running snakemake).
     python: str = ""
+    # workflow: on the local executor, training jobs fork from one server process that imported
+    # torch and vLLM once (dlcrepro/server.py); off on clusters, where jobs run in allocations.
+    fork_server: bool = False
     # workflow: conda env file of training jobs under --sdm conda (repo-relative).
     train_env: str = "envs/train-cpu.yaml"
     # workflow: default Slurm resources of training jobs.

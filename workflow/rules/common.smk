@@ -1,6 +1,10 @@
 # Helpers of the workflow: config validation, the grid table, paths. No rule lives here.
 import itertools
+import os
+import signal
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -163,3 +167,40 @@ def all_outputs():
     ]
     figures = [f"{FIGURES}/{f}.{ext}" for f in FIGURE_NAMES for ext in ("pdf", "png")]
     return tables + figures + cell_outputs("summary.json")
+
+
+# ----------------------------------------------------------------------------- fork server
+# config `fork_server`: on the local executor, training jobs fork from one process that imported
+# torch and vLLM once (dlcrepro/server.py) instead of paying ~10 s of imports and teardown each.
+# The server lives as long as this snakemake; jobs find it through DLCREPRO_SERVER in their
+# environment (not a rule param or shell text, which would make every cell look changed).
+
+
+def fork_server_wanted():
+    if not config.get("fork_server") or not workflow.local_exec:
+        return False
+    # under --sdm conda jobs run the env's python: a server of another python would not match
+    return DeploymentMethod.CONDA not in workflow.deployment_settings.deployment_method
+
+
+def start_fork_server():
+    """Start the server if this run has training jobs to do; jobs run in their own processes
+    while it imports, and whenever it is absent."""
+    if not fork_server_wanted() or not any(j.rule.name == "train" for j in workflow.dag.needrun_jobs()):
+        return None
+    path = str(Path(tempfile.gettempdir()) / f"dlcrepro-{os.getuid()}-{os.getpid()}.sock")
+    Path(LOGS).mkdir(parents=True, exist_ok=True)
+    log = open(f"{LOGS}/fork_server.log", "w")
+    cmd = [PYTHON, "-m", "dlcrepro", "serve", "--socket", path, "--watch-pid", str(os.getpid())]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    os.environ["DLCREPRO_SERVER"] = path
+    return proc
+
+
+def stop_fork_server(proc):
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
