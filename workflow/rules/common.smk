@@ -193,7 +193,7 @@ def start_fork_server():
     log = open(f"{LOGS}/fork_server.log", "w")
     cmd = [PYTHON, "-m", "dlcrepro", "serve", "--socket", path, "--watch-pid", str(os.getpid())]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-    os.environ["DLCREPRO_SERVER"] = path
+    os.environ.update(DLCREPRO_SERVER=path)  # inherited by the jobs this snakemake starts
     return proc
 
 
