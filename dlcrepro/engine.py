@@ -184,6 +184,12 @@ def fp8_backend(cfg: EngineConfig, on_gpu: bool) -> str:
     return cfg.fp8_backend
 
 
+# Every engine lives until the process exits: tearing one of several down breaks vLLM's
+# process-wide state for the others, and a teardown costs ~1 s of gc passes and cache clean-up
+# (`python -m dlcrepro` then exits without it, see __main__.py).
+_LIVE_ENGINES: list = []
+
+
 class VLLMEngine:
     """A vLLM `LLM` in this process, sampling with the precision given."""
 
@@ -229,6 +235,7 @@ class VLLMEngine:
         # imported libraries, the problem set) need not be scanned: 1.1 s of a 2.3 s start here.
         gc.freeze()
         self.llm = LLM(**kwargs)
+        _LIVE_ENGINES.append(self.llm)
         self.dtype = getattr(torch, cfg.dtype)
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self.eos_id = self.llm.llm_engine.model_config.hf_config.eos_token_id
