@@ -60,7 +60,7 @@ def default_socket(workdir: str | Path, python: str) -> str:
 def _identity() -> dict:
     import dlcrepro
 
-    return {"python": os.path.realpath(sys.executable), "package": os.path.realpath(os.path.dirname(dlcrepro.__file__))}
+    return {"python": os.path.realpath(sys.prefix), "package": os.path.realpath(os.path.dirname(dlcrepro.__file__))}
 
 
 # --------------------------------------------------------------------------- client
