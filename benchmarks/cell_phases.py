@@ -4,9 +4,10 @@
         [--correction dlc] [--steps 10] [--threads 1]
 
 Prints (1) the set-up of a training job piece by piece (imports, problem set, models, engines),
-(2) the mean seconds per step of each phase of a real cell run in a temporary directory, and
-(3) `VLLMEngine.generate` against a raw `LLM.generate` with the same sampling parameters on the
-same prompts (median of repeated calls). A benchmark, not a test: it asserts nothing.
+(2) `VLLMEngine.generate` against a raw `LLM.generate` with the same sampling parameters on the
+same prompts (median of repeated calls), (3) the mean seconds per step of each phase of a real
+cell run in a temporary directory, and (4) a one-step job from command to exit in its own process
+and through the fork server. A benchmark, not a test: it asserts nothing.
 Needs a warm-started model (`python -m dlcrepro warmstart`, or the workflow's first job).
 """
 
@@ -38,6 +39,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (a grid job gets one CPU)")
     p.add_argument("--repeats", type=int, default=20, help="generate calls per side in the wrapper comparison")
+    p.add_argument("--jobs", type=int, default=3, help="one-step jobs per side in the start-up comparison (0: skip)")
     args = p.parse_args()
 
     print("set-up of a training job")
@@ -105,6 +107,42 @@ def main() -> None:
     print(f"  {'set-up':<12s} {summary['seconds_by_phase']['setup']:7.2f} s")
     print(f"  {'cell wall':<12s} {wall:7.2f} s")
     del engines
+    if args.jobs:
+        job_startup(args, mdir)
+
+
+def job_startup(args, mdir: Path) -> None:
+    """A one-step job as Snakemake starts it, from `python -m dlcrepro train` to its exit: in its
+    own process, and forked by the fork server (dlcrepro/server.py)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    print(f"\na one-step job, command to exit (median of {args.jobs})")
+    with tempfile.TemporaryDirectory() as tmp:
+        sock = str(Path(tmp) / "s.sock")
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+        t = time.perf_counter()
+        server = subprocess.Popen([sys.executable, "-m", "dlcrepro", "serve", "--socket", sock, "--watch-pid", str(os.getpid())],
+                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while not Path(sock).exists():
+            if server.poll() is not None:
+                raise SystemExit("the fork server did not start")
+            time.sleep(0.1)
+        print(f"  {'fork server start (once)':<34s} {time.perf_counter() - t:7.2f} s")
+        for label, extra in (("own process", []), ("fork server", ["--server", sock])):
+            walls = []
+            for i in range(args.jobs):
+                cmd = [sys.executable, "-m", "dlcrepro", "train", "--config", args.config, "--model", args.model,
+                       "--model-dir", str(mdir), "--sampler", args.sampler, "--correction", args.correction,
+                       "--seed", str(args.seed), "--out", str(Path(tmp) / f"{label}{i}"), "--set", "train.steps=1", *extra]
+                t = time.perf_counter()
+                subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                walls.append(time.perf_counter() - t)
+            print(f"  {label:<34s} {statistics.median(walls):7.2f} s")
+        server.send_signal(signal.SIGTERM)
+        server.wait()
 
 
 if __name__ == "__main__":
