@@ -1,4 +1,4 @@
-# Helpers of the workflow: config validation, the grid table, paths. No rule lives here.
+# Helpers of the workflow: config validation, the grid table, paths, the fork server. No rule lives here.
 import itertools
 import os
 import signal
