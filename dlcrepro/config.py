@@ -123,9 +123,6 @@ class ModelConfig:
     warmstart: WarmstartConfig = field(default_factory=WarmstartConfig)
     # trainer compute dtype ("float32"; "bfloat16" autocast with fp32 master weights and fp32 log-softmax).
     trainer_dtype: str = "float32"
-    # trainer forwards pack consecutive sequences into rows of up to max(this, longest) tokens,
-    # attention kept within each sequence; 0 = one sequence per row, right-padded.
-    pack_tokens: int = 0
     # per-model overrides of the `train` section (e.g. a learning rate per model size).
     train: dict[str, Any] = field(default_factory=dict)
     # Slurm resources of this model's training jobs (gpu, runtime, mem_mb, cpus_per_task); workflow only.
@@ -160,8 +157,7 @@ class TrainConfig:
     ckpt_every: int = 10
     # off-support: a token whose probability under θ_0 is below this.
     off_support_threshold: float = 1e-3
-    # rows per trainer forward (memory bound on GPU); a row is one sequence unless the model's
-    # pack_tokens packs several.
+    # sequences per trainer forward (memory bound on GPU).
     micro_batch: int = 1024
 
 

@@ -79,109 +79,79 @@ def load_tokenizer(path: str | Path):
 
 @dataclass
 class TokenBatch:
-    """Prompt+response sequences laid out for trainer forwards, packed into rows.
+    """Prompt+response sequences laid out for one trainer forward.
 
-    input_ids, position_ids: `(R, L)`. Each row holds one or more whole sequences back to back,
-    each with positions from 0, then padding; causal attention stays inside each sequence
-    (transformers builds the block-causal mask from the positions), and padding at a row's end
-    is never attended by a real token. One sequence per row when packing is off.
-    rows, cols: `(N,)` where response token k sits: the logits at `(rows[k], cols[k])` predict it.
+    input_ids: `(B, L)`, right-padded. No attention mask: with causal attention no real token
+    attends to the padding after it, and the model's default positions 0..L-1 are each row's.
+    rows, cols: `(N,)` where response token k sits: logits at `(rows[k], cols[k])` predict it.
     tokens: `(N,)` the response token ids; seq: `(N,)` which sequence each token belongs to.
-    seq_row: `(B,)` the row of each sequence. Sequences, and so tokens, keep their order.
     """
 
     input_ids: torch.Tensor
-    position_ids: torch.Tensor
     rows: torch.Tensor
     cols: torch.Tensor
     tokens: torch.Tensor
     seq: torch.Tensor
-    seq_row: torch.Tensor
-
-    _FIELDS = ("input_ids", "position_ids", "rows", "cols", "tokens", "seq", "seq_row")
 
     def to(self, device) -> "TokenBatch":
-        return TokenBatch(*(getattr(self, f).to(device) for f in self._FIELDS))
+        return TokenBatch(*(getattr(self, f).to(device) for f in ("input_ids", "rows", "cols", "tokens", "seq")))
 
     @property
     def num_seqs(self) -> int:
-        return int(self.seq_row.numel())
-
-    @property
-    def num_rows(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def chunks(self, max_rows: int) -> list[tuple["TokenBatch", slice]]:
-        """Sub-batches of at most `max_rows` rows, each with the slice of the batch's tokens it
-        holds (tokens are laid out sequence by sequence, sequences row by row)."""
-        if self.num_rows <= max_rows:
+    def chunks(self, max_seqs: int) -> list[tuple["TokenBatch", slice]]:
+        """Sub-batches of at most `max_seqs` sequences, each with the slice of the batch's tokens
+        it holds (tokens are laid out sequence by sequence)."""
+        if self.num_seqs <= max_seqs:
             return [(self, slice(0, int(self.tokens.numel())))]
-        seq_row, counts = self.seq_row.tolist(), torch.bincount(self.seq, minlength=self.num_seqs).tolist()
-        out, tok, first = [], 0, 0
-        for start in range(0, self.num_rows, max_rows):
-            end = min(start + max_rows, self.num_rows)
-            last = first
-            while last < len(seq_row) and seq_row[last] < end:
-                last += 1
-            sl = slice(tok, tok + sum(counts[first:last]))
+        counts = torch.bincount(self.seq, minlength=self.num_seqs).tolist()
+        out, tok = [], 0
+        for start in range(0, self.num_seqs, max_seqs):
+            end = min(start + max_seqs, self.num_seqs)
+            sl = slice(tok, tok + sum(counts[start:end]))
             sub = TokenBatch(
                 self.input_ids[start:end],
-                self.position_ids[start:end],
                 self.rows[sl] - start,
                 self.cols[sl],
                 self.tokens[sl],
-                self.seq[sl] - first,
-                self.seq_row[first:last] - start,
+                self.seq[sl] - start,
             )
             out.append((sub, sl))
-            tok, first = sl.stop, last
+            tok = sl.stop
         return out
 
 
-def make_token_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int = 0, pack_tokens: int = 0) -> TokenBatch:
-    """Lay out prompt+response pairs; with `pack_tokens` > 0, consecutive sequences share a row
-    while it holds at most max(pack_tokens, longest sequence) tokens (next-fit, order kept)."""
+def make_token_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int = 0) -> TokenBatch:
     if len(prompts) != len(responses):
         raise ValueError("make_token_batch: prompts and responses differ in length")
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
-    cap = max(max(lengths, default=1), pack_tokens)
-    fill, start, seq_row = [], [], []  # tokens used per row; each sequence's first column and row
-    for n in lengths:
-        if not (pack_tokens > 0 and fill and fill[-1] + n <= cap):
-            fill.append(0)
-        start.append(fill[-1])
-        seq_row.append(len(fill) - 1)
-        fill[-1] += n
-    L = max(fill, default=1)
-    ids = torch.full((len(fill), L), pad_id, dtype=torch.long)
-    pos = torch.arange(L).repeat(len(fill), 1)
+    L = max(lengths)
+    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
     rows, cols, toks, seq = [], [], [], []
     for i, (p, r) in enumerate(zip(prompts, responses)):
-        row, c0, n = seq_row[i], start[i], lengths[i]
-        ids[row, c0 : c0 + n] = torch.tensor(list(p) + list(r), dtype=torch.long)
-        pos[row, c0 : c0 + n] = torch.arange(n)
+        s = list(p) + list(r)
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
         for j in range(len(r)):
-            rows.append(row)
-            cols.append(c0 + len(p) + j - 1)
+            rows.append(i)
+            cols.append(len(p) + j - 1)
             toks.append(r[j])
             seq.append(i)
-    tail = torch.tensor(fill)[:, None]  # a row's padding continues its last sequence's positions:
-    pad = torch.arange(L)[None, :] >= tail  # one more "sequence" would start a needless mask block
-    pos = torch.where(pad, pos.gather(1, (tail - 1).clamp(min=0)).expand_as(pos) + (torch.arange(L)[None, :] - tail + 1), pos)
     as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
-    return TokenBatch(ids, pos, as_long(rows), as_long(cols), as_long(toks), as_long(seq), as_long(seq_row))
+    return TokenBatch(ids, as_long(rows), as_long(cols), as_long(toks), as_long(seq))
 
 
 def response_logits(model, tb: TokenBatch, chunk: int = 1024) -> torch.Tensor:
     """Trainer logits `(N, V)` in float32 at every response position (grad flows if enabled).
 
     The output head runs on the response positions' hidden states only: prompt positions' logits
-    are never formed (with Qwen3's V = 151,936 they would be a third of a step's head work)."""
+    are never formed (with Qwen3's V = 151,936 they would be a third of a step's head work).
+    `use_cache=False`: a training forward needs no KV cache, which HF would otherwise fill."""
     decoder, head = model.get_decoder(), model.get_output_embeddings()
     outs = []
-    for start in range(0, tb.num_rows, chunk):
+    for start in range(0, tb.num_seqs, chunk):
         sl = slice(start, start + chunk)
-        hidden = decoder(input_ids=tb.input_ids[sl], position_ids=tb.position_ids[sl], use_cache=False).last_hidden_state
+        hidden = decoder(input_ids=tb.input_ids[sl], use_cache=False).last_hidden_state
         sel = (tb.rows >= start) & (tb.rows < start + chunk)
         outs.append(head(hidden[tb.rows[sel] - start, tb.cols[sel]]).float())
     return torch.cat(outs) if len(outs) > 1 else outs[0]

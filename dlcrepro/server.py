@@ -153,10 +153,12 @@ def _child(conn: socket.socket) -> None:
 
         try:
             status = main(req["argv"])
-        except SystemExit as e:
-            status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            if not isinstance(e.code, int) and e.code is not None:
+        except SystemExit as e:  # as the interpreter does: an int is the status, anything else is printed
+            if e.code is None or isinstance(e.code, int):
+                status = e.code or 0
+            else:
                 print(e.code, file=sys.stderr)
+                status = 1
     except BaseException:  # noqa: BLE001 - reported like an uncaught exception, then exit 1
         import traceback
 

@@ -209,7 +209,6 @@ class Trainer(Learner):
         self.cfg, self.seed = cfg, seed
         self.sampler = get_sampler(sampler)
         mcfg = cfg.models[model_name]
-        self.pack_tokens = mcfg.pack_tokens
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = load_tokenizer(model_dir)
         self.train_problems, self.test_problems = data.load_problems(cfg.task)
@@ -254,7 +253,7 @@ class Trainer(Learner):
         problems = [self.train_problems[idx[g]] for g in rollout.group.tolist()]
         rewards = torch.tensor(data.rewards(self.tokenizer, problems, rollout.response_ids), dtype=torch.float32)
         adv = advantages(rewards, rollout.group, len(idx))
-        tb = make_token_batch(rollout.prompt_ids, rollout.response_ids, self.tokenizer.pad_token_id, self.pack_tokens)
+        tb = make_token_batch(rollout.prompt_ids, rollout.response_ids, self.tokenizer.pad_token_id)
         return Scored(tb.to(self.device), rewards, adv.to(self.device)[tb.seq])
 
     # ------------------------------------------------------------------ one step

@@ -56,7 +56,7 @@ def warmstart(cfg: Config, model_name: str, out: Path | None = None) -> dict:
     steps_done = 0
     for step in bar:
         idx = rng.integers(len(train), size=ws.batch)
-        tb = make_token_batch([prompts[i] for i in idx], [answers[i] for i in idx], tokenizer.pad_token_id, mcfg.pack_tokens)
+        tb = make_token_batch([prompts[i] for i in idx], [answers[i] for i in idx], tokenizer.pad_token_id)
         loss = -token_logprobs(response_logits(model, tb), tb.tokens).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -39,25 +39,6 @@ def test_engine_logprobs_match_trainer_within_bf16_tolerance_but_not_exactly(set
     assert delta.abs().max() > 0  # the discrepancy is real
 
 
-def test_packed_rows_give_the_one_sequence_per_row_numbers(setup):
-    """Packing several sequences into a row changes no log-prob: positions restart at each
-    sequence and attention never crosses into the previous one. Chunks of rows hold whole
-    sequences and contiguous token slices."""
-    r = setup["bf16"].generate(setup["prompts"], 8, seed=3)
-    flat = make_token_batch(r.prompt_ids, r.response_ids)
-    packed = make_token_batch(r.prompt_ids, r.response_ids, pack_tokens=96)
-    assert flat.num_rows == 128 and packed.num_rows < 40 and packed.num_seqs == 128
-    assert torch.equal(flat.tokens, packed.tokens) and torch.equal(flat.seq, packed.seq)
-    with torch.no_grad():
-        ref = token_logprobs(response_logits(setup["model"], flat), flat.tokens)
-        got = token_logprobs(response_logits(setup["model"], packed), packed.tokens)
-        parts = [(sl, token_logprobs(response_logits(setup["model"], sub), sub.tokens)) for sub, sl in packed.chunks(7)]
-    assert torch.allclose(ref, got, atol=1e-5), (ref - got).abs().max()
-    assert len(parts) == -(-packed.num_rows // 7) and parts[0][0].start == 0 and parts[-1][0].stop == len(ref)
-    assert all(a.stop == b.start for (a, _), (b, _) in zip(parts, parts[1:]))
-    assert torch.allclose(torch.cat([lp for _, lp in parts]), ref, atol=1e-5)
-
-
 def test_fp8_discrepancy_exceeds_bf16(setup):
     deltas = {}
     for name in ("bf16", "fp8"):

@@ -115,15 +115,15 @@ def test_micro_batched_step_gives_the_full_batch_numbers(tiny_model_dir, smoke_c
     idx, prompts = tr.prompts_for(2)
     rollout = tr.engine.generate(prompts, 4, seed=11, topk=smoke_cfg.engine.topk)
     s = tr.score(rollout, idx)
-    assert s.tb.num_seqs == 16 and len(s.tb.chunks(1)) == s.tb.num_rows > 1  # packed rows, one per chunk
+    assert s.tb.num_seqs == 16 and len(s.tb.chunks(5)) == 4
     e = rollout.engine_logp
     results = {}
-    for mb in (1024, 1):
+    for mb in (1024, 5):
         tr.tcfg.micro_batch = mb
         a, b, kl, kept = tr.log_probs(s, synced=False)
-        assert (kept is None) == (mb == 1)
+        assert (kept is None) == (mb == 5)
         results[mb] = (a, b, kl, tr.correction_grad(s, rollout, e, a, b, False, kept), tr.pg_grad(s), tr.token_logp(tr.initial_model, s.tb))
-    full, chunked = results[1024], results[1]
+    full, chunked = results[1024], results[5]
     assert (full[0] - full[1]).abs().max() > 0  # the lag is real
     for x, y in zip(full, chunked):
         if isinstance(x, float):
