@@ -37,6 +37,7 @@ def collect(summary_paths: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataF
             "final_test_accuracy": s["final_test_accuracy"],
             "resync_steps": json.dumps(s["resync_steps"]),
             "wall_seconds": s.get("wall_seconds", math.nan),
+            "computed_as": s.get("computed_as", ""),  # the run whose metrics these are (grid.computed_as)
         })
     if not steps:
         raise ValueError("collect: no runs given")

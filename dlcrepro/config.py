@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from .grid import SAMPLERS
+
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key."""
@@ -161,9 +163,6 @@ class TrainConfig:
     micro_batch: int = 1024
 
 
-SAMPLERS = ("bf16", "fp8", "stale", "fp8_stale")
-
-
 @dataclass
 class GridConfig:
     # model names (keys of `models`).
@@ -298,6 +297,12 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
+def build(data: dict[str, Any]) -> Config:
+    """A typed Config from a mapping (a parsed config file), without validate()'s cross-checks
+    (which import the corrections, and with them torch): what the Snakefile needs."""
+    return _build(Config, data, "")
+
+
 def load(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
     """Read, merge `overrides` (dotted keys), build and validate a config file."""
     path = Path(path)
@@ -310,7 +315,7 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
         for p in parents:
             node = node.setdefault(p, {})
         node[leaf] = value
-    return validate(_build(Config, data, ""))
+    return validate(build(data))
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Sampler engines: one protocol, a vLLM backend behind it, and the paper's four samplers.
+"""Sampler engines: one protocol and the vLLM backend behind it (the samplers of the grid are in grid.py).
 
 The engine is a real vLLM instance in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`).
 New weights go in through `llm.collective_rpc(fn)` whose worker-side function reloads them in
@@ -319,43 +319,3 @@ class VLLMEngine:
         params = self._params(1, None, None, greedy=True)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]
-
-
-# --------------------------------------------------------------------------- samplers
-
-
-@dataclass(frozen=True)
-class Sampler:
-    """A sampler of the grid: an engine precision and a sync schedule."""
-
-    name: str
-    precision: str
-    # True: synced to θ_t before every step; False: every `sync_every` steps.
-    always_synced: bool
-
-    def due(self, step: int, sync_every: int) -> bool:
-        """Whether the engine is synced to θ_t before sampling step `step` (0-based)."""
-        return self.always_synced or (step > 0 and step % sync_every == 0)
-
-
-SAMPLERS: dict[str, Sampler] = {}
-
-
-def register_sampler(s: Sampler) -> Sampler:
-    SAMPLERS[s.name] = s
-    return s
-
-
-for _s in (
-    Sampler("bf16", "bf16", True),
-    Sampler("fp8", "fp8", True),
-    Sampler("stale", "bf16", False),
-    Sampler("fp8_stale", "fp8", False),
-):
-    register_sampler(_s)
-
-
-def get_sampler(name: str) -> Sampler:
-    if name not in SAMPLERS:
-        raise KeyError(f"unknown sampler {name!r}; known: {sorted(SAMPLERS)}")
-    return SAMPLERS[name]

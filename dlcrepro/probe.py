@@ -13,7 +13,8 @@ import torch
 from . import data
 from .config import Config
 from .diagnostics import stats
-from .engine import SAMPLERS, VLLMEngine
+from .engine import VLLMEngine
+from .grid import SAMPLERS
 from .model import load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
 
 

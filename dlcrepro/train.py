@@ -12,6 +12,7 @@ import copy
 import json
 import math
 import os
+import shutil
 import time
 import zlib
 from contextlib import contextmanager
@@ -28,7 +29,8 @@ from . import analysis, countdown, data
 from .config import Config, to_dict
 from .corrections import CorrectionParams, TokenTerms, engine_distribution, get_correction
 from .diagnostics import dev_ratio, kl_rows, mismatch_metrics, off_support_share, squared_distance
-from .engine import Rollout, VLLMEngine, get_sampler
+from .engine import Rollout, VLLMEngine
+from .grid import computed_as, get_sampler
 from .model import TokenBatch, load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
 from .util import atomic_save, atomic_write_text, log
 
@@ -379,6 +381,32 @@ def summarize(rows: list[dict], cell: Cell, meta: dict, seconds: dict) -> dict:
     }
 
 
+def finished_as(cell: Path, meta: dict, cfg: Config) -> bool:
+    """Whether `cell` holds a finished run of exactly this cell (`meta`) under exactly `cfg`."""
+    if not ((cell / SUMMARY_FILE).exists() and (cell / METRICS_FILE).exists() and (cell / CONFIG_FILE).exists()):
+        return False
+    ran = yaml.safe_load((cell / CONFIG_FILE).read_text()) or {}
+    want = yaml.safe_load(yaml.safe_dump({"cell": meta, "config": to_dict(cfg)}, sort_keys=False))
+    return ran.get("cell") == want["cell"] and ran.get("config") == want["config"] and "computed_as" not in ran
+
+
+def copy_cell(src: Path, out: Path, meta: dict, cfg: Config, why: str) -> dict:
+    """Write the cell `meta` as the finished run in `src`, which computes the same numbers bit for
+    bit (grid.computed_as says why): its metrics table byte for byte, its summary under this cell's
+    name with `computed_as` naming the source."""
+    t0 = time.perf_counter()
+    atomic_write_text(out / CONFIG_FILE, yaml.safe_dump({"cell": meta, "computed_as": str(src), "why": why, "config": to_dict(cfg)}, sort_keys=False))
+    atomic_save(out / METRICS_FILE, lambda tmp: shutil.copyfile(src / METRICS_FILE, tmp))
+    summary = {**json.loads((src / SUMMARY_FILE).read_text()), **meta, "computed_as": str(src), "why": why}
+    summary["wall_seconds"] = round(time.perf_counter() - t0, 3)
+    msg = f"{out} is the run in {src} ({why}): metrics copied, not recomputed"
+    log(msg)
+    with open(out / LOG_FILE, "a") as f:
+        f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}\n")
+    atomic_write_text(out / SUMMARY_FILE, json.dumps(summary, indent=1))
+    return summary
+
+
 def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, out: Path, model_dir: str | None = None) -> dict:
     """Run (or resume, or return the finished) cell; write metrics, config, summary and log into `out`."""
     out = Path(out)
@@ -392,8 +420,13 @@ def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, 
     if not (mdir / "config.json").exists():
         hint = "run `python -m dlcrepro warmstart` first" if cfg.models[model].kind == "tiny" else "is it a model directory?"
         raise FileNotFoundError(f"model directory {mdir} has no config.json ({hint})")
-    out.mkdir(parents=True, exist_ok=True)
     meta = {"model": model, "sampler": sampler, "correction": correction, "seed": seed, "model_dir": str(mdir)}
+    same, why = computed_as(sampler, correction, cfg.train_for(model))
+    if same != correction and out.parent.name == correction:
+        src = out.parent.parent / same / out.name
+        if finished_as(src, {**meta, "correction": same}, cfg):
+            return copy_cell(src, out, meta, cfg, why)
+    out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / CONFIG_FILE, yaml.safe_dump({"cell": meta, "config": to_dict(cfg)}, sort_keys=False))
     logf = open(out / LOG_FILE, "a")
 

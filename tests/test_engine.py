@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from dlcrepro import data
-from dlcrepro.engine import VLLMEngine, get_sampler
+from dlcrepro.engine import VLLMEngine
+from dlcrepro.grid import get_sampler
 from dlcrepro.model import build_tiny_model, load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
 
 pytestmark = pytest.mark.engine

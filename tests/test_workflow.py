@@ -6,6 +6,7 @@ import subprocess
 import sys
 import tomllib
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -80,6 +81,18 @@ def test_smoke_pipeline_end_to_end_then_one_cell_reruns_alone(tmp_path):
     for f in ("mismatch", "ess", "noise_floor", "accuracy", "off_support_kl", "off_support_drop"):
         assert (out["figures_dir"] / f"{f}.png").stat().st_size > 10_000
     assert len(list(out["results_dir"].glob("tiny/*/*/seed0/metrics.parquet"))) == 28
+    # 8 of the 28 cells are another cell's run bit for bit (dlcrepro/grid.py): copied, not trained
+    runs = pd.read_parquet(out["results_dir"] / "_aggregate" / "runs.parquet")
+    copies = runs.loc[runs["computed_as"] != ""]
+    assert sorted(zip(copies["sampler"], copies["correction"])) == sorted(
+        [(s, "ppo") for s in ("bf16", "fp8", "stale", "fp8_stale")]
+        + [(s, c) for s in ("bf16", "fp8") for c in ("dlc", "is_resync")]
+    )
+    for r in copies.itertuples():
+        cell = out["results_dir"] / "tiny" / r.sampler / r.correction / "seed0"
+        src = out["results_dir"] / "tiny" / r.sampler / {"ppo": "pg", "dlc": "is_center", "is_resync": "is"}[r.correction] / "seed0"
+        assert r.computed_as == str(src)
+        assert (cell / "metrics.parquet").read_bytes() == (src / "metrics.parquet").read_bytes()
 
     # regenerating a figure never retrains
     p = snakemake("-n", "--configfile", "configs/smoke.yaml", "--config", *cfg, "--quiet", "rules",
@@ -92,3 +105,12 @@ def test_smoke_pipeline_end_to_end_then_one_cell_reruns_alone(tmp_path):
     p = snakemake("-n", "--configfile", "configs/smoke.yaml", "--config", *cfg, "--quiet", "rules")
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
     assert jobs == {"train": "1", "collect": "1", "tables": "1", "figures": "1", "all": "1", "total": "5"}, p.stdout
+
+    # a new learning rate reruns every cell, but not the warm start it does not depend on
+    cfg_file = yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text())
+    cfg_file["train"]["lr"] /= 2
+    cfg_file.update({k: str(v) for k, v in out.items()})
+    (tmp_path / "lr.yaml").write_text(yaml.safe_dump(cfg_file))
+    p = snakemake("-n", "--configfile", str(tmp_path / "lr.yaml"), "--quiet", "rules")
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
+    assert jobs.get("train") == "28" and "warmstart" not in jobs, p.stdout + p.stderr

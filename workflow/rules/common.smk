@@ -13,6 +13,13 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 validate(config, schema="../schemas/config.schema.yaml")
 
+# The package's torch-free modules, from this checkout (the Snakemake env need not have it installed).
+sys.path.insert(0, str(Path(workflow.basedir).resolve()))
+from dlcrepro.config import build as build_config
+from dlcrepro.grid import computed_as
+
+CFG = build_config(config)
+
 RESULTS = config.get("results_dir", "results")
 FIGURES = config.get("figures_dir", "figures")
 TABLES = config.get("tables_dir", "paper_tables")
@@ -55,6 +62,21 @@ def grid_cells():
 
 
 CELLS = grid_cells()
+CELL_KEYS = {(c["model"], c["sampler"], c["correction"], c["seed"]) for c in CELLS}
+
+
+def same_cell(wildcards):
+    """The grid cell whose run this cell's run is bit for bit (dlcrepro/grid.py), or None. Such a
+    cell waits for that one and copies its metrics instead of training; a cell it would equal but
+    that the grid leaves out is no help, and the cell trains."""
+    same, _ = computed_as(wildcards.sampler, wildcards.correction, CFG.train_for(wildcards.model))
+    key = (wildcards.model, wildcards.sampler, same, int(wildcards.seed))
+    return key if same != wildcards.correction and key in CELL_KEYS else None
+
+
+def same_cell_input(wildcards):
+    key = same_cell(wildcards)
+    return [f"{cell_dir(*key)}/summary.json"] if key else []
 
 
 def _alternatives(values):
@@ -81,17 +103,22 @@ def cell_outputs(name):
     return [str(Path(cell_dir(**c), name)) for c in CELLS]
 
 
-TRAIN_SECTIONS = ("name", "artifacts", "task", "engine", "train")
+# What each kind of job's results depend on. Editing a plot option or a Slurm resource reruns
+# nothing; editing `train.lr` reruns every cell but not the warm start.
+JOB_SECTIONS = {
+    "warmstart": ("name", "artifacts", "task", "engine"),
+    "train": ("name", "artifacts", "task", "engine", "train"),
+}
 
 
-def train_config_path(model):
-    """A file with exactly what training the model depends on, rewritten only when that changes:
-    editing a plot option never reruns a training job, editing `train.lr` reruns them all.
-    """
-    sub = {k: config[k] for k in TRAIN_SECTIONS if k in config}
-    sub["models"] = {model: config["models"][model]}
+def job_config_path(model, job):
+    """A file with exactly what `job` (warmstart, train) of the model depends on, rewritten only
+    when that changes, so that its modification time is the rerun trigger."""
+    sub = {k: config[k] for k in JOB_SECTIONS[job] if k in config}
+    skip = {"resources"} | ({"train"} if job == "warmstart" else set())
+    sub["models"] = {model: {k: v for k, v in config["models"][model].items() if k not in skip}}
     text = yaml.safe_dump(sub, sort_keys=True)
-    path = Path(RESULTS) / "_config" / f"{model}.yaml"
+    path = Path(RESULTS) / "_config" / (f"{model}.yaml" if job == "train" else f"{model}.{job}.yaml")
     if not path.exists() or path.read_text() != text:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -101,7 +128,11 @@ def train_config_path(model):
 
 
 def train_config_input(wildcards):
-    return train_config_path(wildcards.model)
+    return job_config_path(wildcards.model, "train")
+
+
+def warmstart_config_input(wildcards):
+    return job_config_path(wildcards.model, "warmstart")
 
 
 def model_input(wildcards):
@@ -119,10 +150,16 @@ def model_dir_arg(wildcards):
     return m["path"]
 
 
+# what a cell that copies another one's metrics asks of a cluster: no GPU, one core, minutes
+COPY_RESOURCES = {"gpu": 0, "runtime": 10, "mem_mb": 2000, "cpus_per_task": 1}
+
+
 def train_resources(name, default):
     """Resources of training jobs: per-model values from config, else the default."""
 
     def get(wildcards):
+        if same_cell(wildcards):
+            return COPY_RESOURCES[name]
         value = config["models"][wildcards.model].get("resources", {}).get(name)
         if value is None:
             value = config.get("resources", {}).get(name, default)

@@ -4,7 +4,7 @@
 
 rule warmstart:
     input:
-        cfg=train_config_input,
+        cfg=warmstart_config_input,
     output:
         model=f"{ARTIFACTS}/{{model}}/model/config.json",
         summary=f"{ARTIFACTS}/{{model}}/warmstart.json",
@@ -28,6 +28,8 @@ rule train:
     input:
         cfg=train_config_input,
         model=model_input,
+        # a cell that computes another cell's numbers bit for bit copies them (dlcrepro/grid.py)
+        same=same_cell_input,
     output:
         metrics=f"{RESULTS}/{{model}}/{{sampler}}/{{correction}}/seed{{seed}}/metrics.parquet",
         summary=f"{RESULTS}/{{model}}/{{sampler}}/{{correction}}/seed{{seed}}/summary.json",

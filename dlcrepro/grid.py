@@ -1,0 +1,109 @@
+"""The grid's samplers, and which of its cells compute another cell's numbers bit for bit.
+
+Torch-free on purpose: the Snakefile imports this module (and config.py) to lay out the DAG,
+also from a Snakemake environment that has neither torch nor this package installed.
+
+Some cells of the paper's grid are the same computation as another: with one SGD step per batch
+`ppo`'s reference θ_old is θ_t itself, so its ratio is exactly 1 and its gradient is `pg`'s; and a
+sampler synced before every step (`bf16`, `fp8`) has θ_s = θ_t, so `dlc` is `is_center` and
+`is_resync` is `is`. Such a cell is not trained again: the workflow makes it wait for the cell it
+equals and copies that run's metrics (`computed_as` in its summary says from where).
+tests/test_grid.py runs both cells of each pair and checks that their metrics are identical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """A sampler of the grid: an engine precision and a sync schedule."""
+
+    name: str
+    precision: str
+    # True: synced to θ_t before every step; False: every `sync_every` steps.
+    always_synced: bool
+
+    def due(self, step: int, sync_every: int) -> bool:
+        """Whether the engine is synced to θ_t before sampling step `step` (0-based)."""
+        return self.always_synced or (step > 0 and step % sync_every == 0)
+
+
+SAMPLERS: dict[str, Sampler] = {}
+
+
+def register_sampler(s: Sampler) -> Sampler:
+    SAMPLERS[s.name] = s
+    return s
+
+
+for _s in (
+    Sampler("bf16", "bf16", True),
+    Sampler("fp8", "fp8", True),
+    Sampler("stale", "bf16", False),
+    Sampler("fp8_stale", "fp8", False),
+):
+    register_sampler(_s)
+
+
+def get_sampler(name: str) -> Sampler:
+    if name not in SAMPLERS:
+        raise KeyError(f"unknown sampler {name!r}; known: {sorted(SAMPLERS)}")
+    return SAMPLERS[name]
+
+
+# ----------------------------------------------------------------------------- identical cells
+
+
+@dataclass(frozen=True)
+class SameAs:
+    """Under `when(sampler, train config)`, a run with `correction` is the run with `same_as`."""
+
+    correction: str
+    same_as: str
+    when: Callable[[Sampler, "TrainConfig"], bool]
+    why: str
+
+
+SAME_AS: list[SameAs] = [
+    SameAs(
+        "ppo",
+        "pg",
+        lambda s, t: t.updates_per_batch == 1,
+        "one SGD step per batch: θ_old is θ_t, so the PPO ratio is exactly 1 and the clip never binds",
+    ),
+    SameAs(
+        "dlc",
+        "is_center",
+        lambda s, t: s.always_synced and t.resync_ess <= 1 and t.clip_c >= 1,
+        "the sampler is synced before every step: θ_s = θ_t, so the lag ratio is exactly 1 "
+        "(C >= 1 never clips it) and the lag ESS exactly 1 (the resync never fires)",
+    ),
+    SameAs(
+        "is_resync",
+        "is",
+        lambda s, t: s.always_synced and t.resync_ess <= 1,
+        "the sampler is synced before every step: the lag ESS is exactly 1, so the resync never fires",
+    ),
+]
+
+
+def computed_as(sampler: str, correction: str, train: "TrainConfig") -> tuple[str, str]:
+    """The correction whose run a (sampler, correction) cell's run is, and why; the cell's own
+    correction and "" when it is its own computation."""
+    s, name, why = get_sampler(sampler), correction, []
+    seen = {name}
+    while True:
+        rule = next((r for r in SAME_AS if r.correction == name and r.when(s, train)), None)
+        if rule is None:
+            return name, "; ".join(why)
+        if rule.same_as in seen:
+            raise ValueError(f"grid.SAME_AS: a cycle through {rule.same_as!r}")
+        name = rule.same_as
+        seen.add(name)
+        why.append(f"{rule.correction} = {rule.same_as}: {rule.why}")

@@ -1,0 +1,92 @@
+"""Cells that compute another cell's numbers bit for bit (dlcrepro/grid.py): the rule, the proof
+by running both, and the copy that replaces the second run."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import ROOT, SMOKE
+from dlcrepro.config import TrainConfig, to_dict
+from dlcrepro.grid import computed_as
+
+CORRECTIONS = ["pg", "center", "is", "is_center", "ppo", "dlc", "is_resync"]
+
+
+def same_as_map(train: TrainConfig) -> dict[str, dict[str, str]]:
+    return {s: {c: computed_as(s, c, train)[0] for c in CORRECTIONS} for s in ("bf16", "fp8", "stale", "fp8_stale")}
+
+
+def test_the_grid_module_imports_without_torch():
+    # the Snakefile imports it from a Snakemake env that may have no torch
+    code = "import sys, dlcrepro.grid, dlcrepro.config; assert 'torch' not in sys.modules, 'torch imported'"
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+
+
+def test_which_cells_are_another_cells_run():
+    m = same_as_map(TrainConfig())
+    for s in ("bf16", "fp8"):  # synced before every step: no lag
+        assert m[s] == {**{c: c for c in CORRECTIONS}, "ppo": "pg", "dlc": "is_center", "is_resync": "is"}
+    for s in ("stale", "fp8_stale"):  # lagged: only PPO's single update makes it pg
+        assert m[s] == {**{c: c for c in CORRECTIONS}, "ppo": "pg"}
+    # several updates per batch: θ moves, the PPO ratio leaves 1
+    assert same_as_map(TrainConfig(updates_per_batch=2))["stale"]["ppo"] == "ppo"
+    # a clip below 1 clips the lag ratio of 1: dlc would down-weight every token
+    assert same_as_map(TrainConfig(clip_c=0.5))["fp8"]["dlc"] == "dlc"
+    why = computed_as("fp8", "dlc", TrainConfig())[1]
+    assert "θ_s = θ_t" in why
+
+
+@pytest.mark.slow
+def test_equal_cells_give_identical_metrics_and_the_second_is_a_copy(tiny_model_dir, tmp_path):
+    pairs = [("stale", "pg", "ppo"), ("fp8", "is_center", "dlc"), ("fp8", "is", "is_resync")]
+    # Each cell computed in full: the first of a pair where the grid keeps it, the second outside the
+    # grid's layout (so nothing is copied); then the second again inside the layout, which copies.
+    script = f"""
+from pathlib import Path
+from dlcrepro.config import load
+from dlcrepro.train import run_cell
+cfg = load({str(SMOKE)!r})
+root = Path({str(tmp_path)!r})
+for sampler, first, second in {pairs!r}:
+    run_cell(cfg, "tiny", sampler, first, 0, root / "tiny" / sampler / first / "seed0", {str(tiny_model_dir)!r})
+    run_cell(cfg, "tiny", sampler, second, 0, root / "computed" / f"{{sampler}}-{{second}}", {str(tiny_model_dir)!r})
+    run_cell(cfg, "tiny", sampler, second, 0, root / "tiny" / sampler / second / "seed0", {str(tiny_model_dir)!r})
+"""
+    p = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for sampler, first, second in pairs:
+        src = tmp_path / "tiny" / sampler / first / "seed0"
+        computed = pd.read_parquet(tmp_path / "computed" / f"{sampler}-{second}" / "metrics.parquet")
+        ref = pd.read_parquet(src / "metrics.parquet")
+        cols = [c for c in ref.columns if not c.startswith("sec_")]
+        pd.testing.assert_frame_equal(ref[cols], computed[cols], check_exact=True)
+        assert ref["floor"].gt(0).any() and ref["dev"].notna().any()  # a real run, not an empty table
+        copy = tmp_path / "tiny" / sampler / second / "seed0"
+        assert (copy / "metrics.parquet").read_bytes() == (src / "metrics.parquet").read_bytes()
+        summary = json.loads((copy / "summary.json").read_text())
+        assert summary["correction"] == second and summary["computed_as"] == str(src)
+        assert summary["why"] and summary["wall_seconds"] < 5
+        assert "not recomputed" in (copy / "train.log").read_text()
+
+
+def test_a_source_run_under_another_config_is_not_copied(tmp_path, smoke_cfg):
+    from dlcrepro.train import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, finished_as
+
+    meta = {"model": "tiny", "sampler": "stale", "correction": "pg", "seed": 0, "model_dir": "m"}
+    src = tmp_path / "pg"
+    src.mkdir()
+    (src / METRICS_FILE).write_bytes(b"x")
+    (src / SUMMARY_FILE).write_text("{}")
+    (src / CONFIG_FILE).write_text(yaml.safe_dump({"cell": meta, "config": to_dict(smoke_cfg)}, sort_keys=False))
+    assert finished_as(src, meta, smoke_cfg)
+    other = dataclasses.replace(smoke_cfg, train=dataclasses.replace(smoke_cfg.train, lr=smoke_cfg.train.lr / 2))
+    assert not finished_as(src, meta, other)
+    assert not finished_as(src, {**meta, "seed": 1}, smoke_cfg)
+    (src / SUMMARY_FILE).unlink()  # unfinished
+    assert not finished_as(src, meta, smoke_cfg)
