@@ -2,6 +2,7 @@
 profile. The local cluster's differences from a real one (no accounting, so status by squeue; a
 short wait before the first status check) go on the command line, never into the profile."""
 
+import json
 import os
 import re
 import shutil
@@ -78,7 +79,7 @@ def job_counts(text):
     return {k: int(v) for k, v in re.findall(r"^(\w+)\s+(\d+)$", text, re.M)}
 
 
-def test_smoke_grid_through_slurm_then_one_deleted_cell_reruns_alone(slurm_cluster, snakemake_slurm, outdirs):
+def test_smoke_grid_through_slurm_then_a_deleted_cell_reruns_with_its_copy_only(slurm_cluster, snakemake_slurm, outdirs):
     out, config = outdirs
     p = run(slurm_cmd(snakemake_slurm, config))
     assert p.returncode == 0, p.stderr[-4000:]
@@ -87,12 +88,15 @@ def test_smoke_grid_through_slurm_then_one_deleted_cell_reruns_alone(slurm_clust
     log = (out["results_dir"] / "_logs" / "train" / "tiny" / "stale" / "dlc" / "seed0.log").read_text()
     assert "SLURM_JOB_ID=" in log  # it really ran as a Slurm job
 
+    # fp8/ppo is a copy of fp8/pg (dlcrepro/grid.py): the deleted cell trains again, its copy follows
     shutil.rmtree(out["results_dir"] / "tiny" / "fp8" / "pg" / "seed0")
     p = run(slurm_cmd(snakemake_slurm, config))
     assert p.returncode == 0, p.stderr[-4000:]
     counts = job_counts(p.stdout + p.stderr)
-    assert counts.get("train") == 1 and "warmstart" not in counts, p.stderr[-3000:]
-    assert (out["results_dir"] / "tiny" / "fp8" / "pg" / "seed0" / "summary.json").exists()
+    assert counts.get("train") == 2 and "warmstart" not in counts, p.stderr[-3000:]
+    src = out["results_dir"] / "tiny" / "fp8" / "pg" / "seed0"
+    copy = json.loads((out["results_dir"] / "tiny" / "fp8" / "ppo" / "seed0" / "summary.json").read_text())
+    assert (src / "summary.json").exists() and copy["computed_as"] == str(src)
 
 
 def test_gpu_marked_job_receives_its_gpu(slurm_cluster, snakemake_slurm, outdirs, tmp_path):
