@@ -7,7 +7,9 @@ Score centring works in logit space: with z the trainer logits at a prefix,
 Jᵀ(onehot(y) − q̃) — the surrogate ⟨sg(onehot(y) − q̃), z⟩ yields it with one backward pass.
 
 Adding a correction: write `fn(t: TokenTerms, p: CorrectionParams) -> loss` and decorate it with
-`@register_correction("name")`; the grid picks it up by name.
+`@register_correction("name")`; the grid picks it up by name. Where it takes exactly another
+correction's update under some condition (as `ppo` takes `pg`'s at one update per batch), a rule in
+`grid.SAME_AS` lets the workflow copy that cell instead of training it again.
 """
 
 from __future__ import annotations
