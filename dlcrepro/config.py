@@ -47,7 +47,8 @@ class TaskConfig:
 class EngineConfig:
     # maximum response tokens; the same cut applies on the trainer side (it scores the engine's ids).
     max_tokens: int = 24
-    # engine next-token log-probs returned per position for score centring (full vocab if >= vocab).
+    # engine next-token log-probs returned per position for score centring (full vocab if >= vocab);
+    # asked for only by corrections registered with needs_q (center, is_center, dlc).
     topk: int = 64
     # KV-cache memory per engine on CPU, MiB (vLLM's kv_cache_memory_bytes).
     kv_cache_mib: int = 128

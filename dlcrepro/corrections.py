@@ -7,7 +7,8 @@ Score centring works in logit space: with z the trainer logits at a prefix,
 Jᵀ(onehot(y) − q̃) — the surrogate ⟨sg(onehot(y) − q̃), z⟩ yields it with one backward pass.
 
 Adding a correction: write `fn(t: TokenTerms, p: CorrectionParams) -> loss` and decorate it with
-`@register_correction("name")`; the grid picks it up by name. Where it takes exactly another
+`@register_correction("name")`; the grid picks it up by name. A loss that reads `t.q` (the engine's
+distribution) registers with `needs_q=True`: the other corrections' runs skip that work. Where it takes exactly another
 correction's update under some condition (as `ppo` takes `pg`'s at one update per batch), a rule in
 `grid.SAME_AS` lets the workflow copy that cell instead of training it again.
 """
@@ -32,7 +33,9 @@ class TokenTerms:
     e: `(N,)` log q(y|p; θ_s), the engine's own log-prob.
     a: `(N,)` log π(y|p; θ_s), trainer numerics at the sampler's weights.
     old: `(N,)` log π(y|p; θ_old), the trainer before this batch (PPO's reference).
-    q: `(N, V)` the engine's next-token distribution at each prefix (rows sum to 1).
+    q: `(N, V)` the engine's next-token distribution at each prefix (rows sum to 1); None unless
+      the correction is registered with `needs_q=True` (only then does the engine return its
+      top-k log-probs and the trainer build this full-vocabulary tensor).
     logp_s: `(N, V)` trainer log π(·|p; θ_s) over the vocabulary (for λ_v).
     """
 
@@ -42,7 +45,7 @@ class TokenTerms:
     e: torch.Tensor
     a: torch.Tensor
     old: torch.Tensor
-    q: torch.Tensor
+    q: torch.Tensor | None
     logp_s: torch.Tensor
 
     def logp(self) -> torch.Tensor:
@@ -64,16 +67,18 @@ class Correction:
     resync: bool = False
     # the loss depends on θ_old (PPO): several SGD steps per batch are meaningful.
     multi_update: bool = False
+    # the loss reads `t.q`, the engine's next-token distribution (its top-k log-probs).
+    needs_q: bool = False
 
 
 CORRECTIONS: dict[str, Correction] = {}
 
 
-def register_correction(name: str, *, resync: bool = False, multi_update: bool = False):
+def register_correction(name: str, *, resync: bool = False, multi_update: bool = False, needs_q: bool = False):
     def deco(fn):
         if name in CORRECTIONS:
             raise ValueError(f"correction {name!r} registered twice")
-        CORRECTIONS[name] = Correction(name, fn, resync, multi_update)
+        CORRECTIONS[name] = Correction(name, fn, resync, multi_update, needs_q)
         return fn
 
     return deco
@@ -119,7 +124,7 @@ def pg(t: TokenTerms, p: CorrectionParams) -> torch.Tensor:
     return -(t.adv * token_logp(t)).mean()
 
 
-@register_correction("center")
+@register_correction("center", needs_q=True)
 def center(t: TokenTerms, p: CorrectionParams) -> torch.Tensor:
     """A · c(y), q̃ = q: per-prefix score centring under the engine's own distribution."""
     return -(t.adv * centred_score_surrogate(t.logits, t.tokens, t.q)).mean()
@@ -132,7 +137,7 @@ def importance_sampling(t: TokenTerms, p: CorrectionParams) -> torch.Tensor:
     return -(torch.exp(sg(b) - t.e) * t.adv * b).mean()
 
 
-@register_correction("is_center")
+@register_correction("is_center", needs_q=True)
 def is_center(t: TokenTerms, p: CorrectionParams) -> torch.Tensor:
     """sg(exp(b − a)) · A · c(y), q̃ ∝ q · exp(λ_v): untruncated lag ratio with centring."""
     lam = lag_all(t)
@@ -149,7 +154,7 @@ def ppo(t: TokenTerms, p: CorrectionParams) -> torch.Tensor:
     return -torch.minimum(unclipped, clipped).mean()
 
 
-@register_correction("dlc", resync=True)
+@register_correction("dlc", resync=True, needs_q=True)
 def dlc(t: TokenTerms, p: CorrectionParams) -> torch.Tensor:
     """sg(min(exp(b − a), C)) · A · c(y), q̃ ∝ q · min(exp(λ_v), C); plus resync."""
     clipped = torch.clamp(torch.exp(lag_all(t)), max=p.clip_c)

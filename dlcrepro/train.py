@@ -188,7 +188,9 @@ class Learner:
                 # (`synced`: θ_t still equals θ_s, so its distribution is θ_s's)
                 logits_t = self.logits(self.policy, sub)
                 logp_s = self.sampler_logp(sub, synced, torch.log_softmax(logits_t.detach(), -1))
-            q = engine_distribution(rollout.topk_ids[sl].to(self.device), rollout.topk_logp[sl].to(self.device), logp_s)
+            q = None
+            if self.correction.needs_q:
+                q = engine_distribution(rollout.topk_ids[sl].to(self.device), rollout.topk_logp[sl].to(self.device), logp_s)
             terms = TokenTerms(logits_t, sub.tokens, s.adv_tok[sl], e[sl], a[sl], b[sl], q, logp_s)
             gi = flat_grad(self.correction.fn(terms, self.cparams) * (sub.tokens.numel() / n), self.params)
             g = gi if g is None else g.add_(gi)
@@ -224,6 +226,9 @@ class Trainer(Learner):
         shared = self.sampler.precision == "bf16" and self.sampler.always_synced
         self.probe_engine = self.engine if shared else VLLMEngine(str(model_dir), cfg.engine, "bf16", seed)
         self.probe_version = -1
+        # the engine's top-k log-probs only for a correction whose loss reads its distribution
+        # (~20 % of a tiny-model sampling call; on Qwen3 the (N, V) q is the trainer's largest tensor)
+        self.topk = cfg.engine.topk if self.correction.needs_q else 0
 
     # ------------------------------------------------------------------ pieces of a step
 
@@ -271,7 +276,7 @@ class Trainer(Learner):
         while True:
             with timer("sample"):
                 purpose = "sample" if not resync else "resample"
-                rollout = self.engine.generate(prompts, t.responses_per_prompt, derive_seed(self.seed, k, purpose), self.cfg.engine.topk)
+                rollout = self.engine.generate(prompts, t.responses_per_prompt, derive_seed(self.seed, k, purpose), self.topk)
             with timer("score"):
                 s = self.score(rollout, idx)
             with timer("logprobs"):

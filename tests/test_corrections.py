@@ -48,6 +48,19 @@ def test_registry_holds_every_spec_correction():
     assert CORRECTIONS["dlc"].resync and CORRECTIONS["is_resync"].resync and not CORRECTIONS["is"].resync
 
 
+def test_corrections_without_needs_q_never_read_the_engine_distribution():
+    # the trainer passes q=None to them and their engine returns no top-k log-probs: a correction
+    # that reads t.q must say so when it registers
+    g = torch.Generator().manual_seed(0)
+    z = lambda: torch.randn(5, 4, generator=g)  # noqa: E731
+    t = terms(z(), z(), z(), [0, 1, 2, 3, 1], [1.0, -1.0, 0.5, 0.0, 2.0])
+    assert {n for n, c in CORRECTIONS.items() if c.needs_q} >= {"center", "is_center", "dlc"}
+    for name, c in CORRECTIONS.items():
+        if not c.needs_q:
+            full = c.fn(t, P)
+            assert torch.equal(c.fn(TokenTerms(**{**t.__dict__, "q": None}), P), full), name
+
+
 # ----------------------------------------------------------------------------- exact two-token cases
 # One token, V = 2, trainer logits 0 (π = ½, ½), sampled y = 0, advantage 1: the loss gradient
 # with respect to the logits is −A·w·(onehot(y) − reference distribution).
