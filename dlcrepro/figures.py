@@ -59,15 +59,17 @@ def ess(steps: pd.DataFrame, out: Path) -> None:
 
 
 def noise_floor(steps: pd.DataFrame, out: Path) -> None:
-    """dev/floor per step (3-step moving average), per correction and sampler, log scale; the floor at 1."""
+    """dev/floor per step (3-step moving average), per correction and sampler, log scale; the floor at 1.
+    Drawn at the probe steps only: between sparse probes the average would only repeat the last."""
     d = steps.sort_values(A.RUN + ["step"]).copy()
     d["ratio_ma"] = d.groupby(A.RUN)["dev_ratio"].transform(lambda x: x.rolling(A.LEAVE_FLOOR_WINDOW, min_periods=1).mean())
+    d = d.loc[d["dev_ratio"].notna()]
     models, samplers = sorted(d["model"].unique()), [s for s in ("bf16", "fp8", "stale", "fp8_stale") if s in set(d["sampler"])]
     fig, axes = _grid(len(models), len(samplers), sharey=True)
     for i, m in enumerate(models):
         for j, s in enumerate(samplers):
             ax = axes[i, j]
-            sns.lineplot(data=d.loc[(d["model"] == m) & (d["sampler"] == s)], x="step", y="ratio_ma", hue="correction", ax=ax, errorbar=None)
+            sns.lineplot(data=d.loc[(d["model"] == m) & (d["sampler"] == s)], x="step", y="ratio_ma", hue="correction", ax=ax, errorbar=None, marker="o")
             ax.axhline(1.0, color="k", lw=0.8, ls=":", label="noise floor")
             ax.axhline(A.LEAVE_FLOOR_RATIO, color="grey", lw=0.8, ls="--", label="2x floor")
             ax.set(yscale="log", title=f"{m} / {s}", xlabel="step", ylabel="dev / floor (3-step mean)")
