@@ -295,6 +295,9 @@ def validate(cfg: Config) -> Config:
     for c in cfg.grid.corrections:
         if c not in CORRECTIONS:
             raise ConfigError(f"grid.corrections: unknown correction {c!r}; known: {sorted(CORRECTIONS)}")
+    readers = [c for c in cfg.grid.corrections if CORRECTIONS[c].needs_q]
+    if readers and cfg.engine.topk < 1:
+        raise ConfigError(f"engine.topk={cfg.engine.topk}: {readers} read the engine's next-token distribution; it must be >= 1")
     return cfg
 
 

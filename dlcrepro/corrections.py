@@ -8,9 +8,10 @@ Jᵀ(onehot(y) − q̃) — the surrogate ⟨sg(onehot(y) − q̃), z⟩ yields 
 
 Adding a correction: write `fn(t: TokenTerms, p: CorrectionParams) -> loss` and decorate it with
 `@register_correction("name")`; the grid picks it up by name. A loss that reads `t.q` (the engine's
-distribution) registers with `needs_q=True`: the other corrections' runs skip that work. Where it takes exactly another
-correction's update under some condition (as `ppo` takes `pg`'s at one update per batch), a rule in
-`grid.SAME_AS` lets the workflow copy that cell instead of training it again.
+distribution) registers with `needs_q=True`: the other corrections' runs skip that work. Where it
+takes exactly another correction's update under some condition (as `ppo` takes `pg`'s at one
+update per batch), a rule in `grid.SAME_AS` lets the workflow copy that cell instead of training
+it again.
 """
 
 from __future__ import annotations

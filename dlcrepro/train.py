@@ -26,7 +26,7 @@ import yaml
 from tqdm import tqdm
 
 from . import analysis, countdown, data
-from .config import Config, to_dict
+from .config import Config, ConfigError, to_dict
 from .corrections import CorrectionParams, TokenTerms, engine_distribution, get_correction
 from .diagnostics import dev_ratio, kl_rows, mismatch_metrics, off_support_share, squared_distance
 from .engine import Rollout, VLLMEngine
@@ -229,6 +229,8 @@ class Trainer(Learner):
         # the engine's top-k log-probs only for a correction whose loss reads its distribution
         # (~20 % of a tiny-model sampling call; on Qwen3 the (N, V) q is the trainer's largest tensor)
         self.topk = cfg.engine.topk if self.correction.needs_q else 0
+        if self.correction.needs_q and self.topk < 1:
+            raise ConfigError(f"engine.topk={self.topk}: correction {correction!r} reads the engine's next-token distribution; it must be >= 1")
 
     # ------------------------------------------------------------------ pieces of a step
 

@@ -8,8 +8,8 @@ PY=${PYTHON:-python3}
 VPIP=".venv/bin/pip"
 # torch pinned alongside, so that nothing resolves to a multi-GB CUDA build.
 REQS=(torch==2.13.0 -e ".[cpu,test,workflow]")
-# uv installs the same versions as pip in a third of the time (here 41 s vs 122 s for the whole
-# script: it unpacks and byte-compiles in parallel). It reads no pip configuration, so
+# uv installs the same versions as pip in under half the time (here the whole script took 49-55 s
+# against 122-134 s: uv unpacks and byte-compiles in parallel). It reads no pip configuration, so
 # scripts/uv_args.py hands it pip's (this machine's local torch wheel, extra indexes, constraints);
 # unsafe-best-match is pip's rule of the best version over all indexes. If uv cannot be had or
 # fails, pip installs as before.

@@ -33,6 +33,12 @@ def test_unknown_grid_values_name_the_allowed_ones():
         load(SMOKE, {"grid.samplers": ["fp4"]})
 
 
+def test_engine_topk_is_required_by_corrections_that_read_the_engine_distribution():
+    with pytest.raises(ConfigError, match=r"engine\.topk=0: \['dlc'\]"):
+        load(SMOKE, {"engine.topk": 0, "grid.corrections": ["pg", "dlc"]})
+    assert load(SMOKE, {"engine.topk": 0, "grid.corrections": ["pg", "is"]}).engine.topk == 0
+
+
 def test_eval_every_must_be_a_multiple_of_probe_every():
     with pytest.raises(ConfigError, match="eval_every"):
         load(SMOKE, {"train.probe_every": 3, "train.eval_every": 4})
