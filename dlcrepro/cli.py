@@ -93,7 +93,8 @@ def cmd_tables(args) -> int:
 
     from .tables import write_all
 
-    write_all(pd.read_parquet(args.steps), pd.read_parquet(args.runs), Path(args.out), n_boot=args.n_boot)
+    replicates = [[int(x) for x in g.split(",")] for g in args.replicates or []]
+    write_all(pd.read_parquet(args.steps), pd.read_parquet(args.runs), Path(args.out), n_boot=args.n_boot, replicates=replicates)
     return 0
 
 
@@ -159,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     tb.add_argument("--steps", required=True)
     tb.add_argument("--runs", required=True)
     tb.add_argument("--out", default="paper_tables")
-    tb.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for Spearman intervals")
+    tb.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the intervals")
+    tb.add_argument("--replicates", nargs="*", metavar="SEEDS", help="seed groups checked apart, e.g. 0,1,2 3,4,5 (default: all seeds, one group)")
     tb.set_defaults(fn=cmd_tables)
 
     fg = sub.add_parser("figures", help="write every figure (.pdf, .png)")

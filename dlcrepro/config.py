@@ -154,8 +154,19 @@ class TrainConfig:
     updates_per_batch: int = 1
     # draw the two on-policy probe batches every this many steps (dev, floor, off_support).
     probe_every: int = 1
-    # greedy test accuracy every this many steps (and at the end); a multiple of probe_every.
+    # test accuracy every this many steps (and at the end); a multiple of probe_every.
     eval_every: int = 10
+    # RL draws each step's prompts from the first this-many training problems (0: all of task.n_train).
+    # A small pool is revisited during the run; the warm start still trains on all n_train problems.
+    pool_size: int = 0
+    # the problems the reported test_accuracy is measured on: "test" (the held-out task.n_test
+    # problems) or "pool" (the RL pool: accuracy on the problems the run trains on).
+    eval_on: str = "test"
+    # how the reported test_accuracy is measured: "greedy" (one greedy answer per problem) or
+    # "sampled" (the mean reward-1 share of eval_samples answers per problem at temperature 1).
+    eval_mode: str = "greedy"
+    # answers per problem of the sampled accuracy.
+    eval_samples: int = 8
     # checkpoint every this many steps (0 = only at the end).
     ckpt_every: int = 10
     # off-support: a token whose probability under θ_0 is below this.
@@ -176,6 +187,10 @@ class GridConfig:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     # cells to leave out: each a mapping of some of model/sampler/correction/seed.
     exclude: list[dict[str, Any]] = field(default_factory=list)
+    # disjoint groups of seeds whose findings are checked separately (the findings table has a column
+    # per replicate; a finding counts as seen only where its rule holds in every replicate that ran).
+    # Empty: the grid's seeds are one replicate.
+    replicates: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -282,6 +297,16 @@ def validate(cfg: Config) -> Config:
                 f"train.eval_every={t.eval_every} must be a multiple of train.probe_every={t.probe_every} "
                 "(every eval step needs its off-support share)"
             )
+        if t.eval_on not in ("test", "pool"):
+            raise ConfigError(f"train.eval_on={t.eval_on!r}; allowed: ['pool', 'test']")
+        if t.eval_mode not in ("greedy", "sampled"):
+            raise ConfigError(f"train.eval_mode={t.eval_mode!r}; allowed: ['greedy', 'sampled']")
+        if t.eval_on == "pool" and t.pool_size < 1:
+            raise ConfigError("train.eval_on='pool' needs train.pool_size >= 1 (the RL pool to evaluate on)")
+        if not 0 <= t.pool_size <= cfg.task.n_train:
+            raise ConfigError(f"train.pool_size={t.pool_size}: must be in [0, task.n_train={cfg.task.n_train}]")
+        if t.eval_samples < 1:
+            raise ConfigError(f"train.eval_samples={t.eval_samples}: must be >= 1")
         if t.responses_per_prompt < 2:
             raise ConfigError("train.responses_per_prompt must be >= 2 (the advantage baseline is the group mean)")
     from .corrections import CORRECTIONS

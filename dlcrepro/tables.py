@@ -193,7 +193,7 @@ CAPTIONS = {
 }
 
 
-def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 1000) -> dict[str, pd.DataFrame]:
+def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 1000, replicates: list[list[int]] | None = None) -> dict[str, pd.DataFrame]:
     out = Path(out)
     pr = A.per_run(steps, runs)
     drops = A.accuracy_drops(steps)

@@ -96,6 +96,7 @@ class Cell:
     sampler_version: int = 0  # version of θ_s (= number of updates it has)
     rows: list[dict] = field(default_factory=list)
     resync_steps: list[int] = field(default_factory=list)
+    initial: dict = field(default_factory=dict)  # the accuracies of θ_0, measured before step 1
 
 
 class Learner:
@@ -216,9 +217,17 @@ class Trainer(Learner):
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = load_tokenizer(model_dir)
         self.train_problems, self.test_problems = data.load_problems(cfg.task)
+        super().__init__(load_model(model_dir), cfg.train_for(model_name), correction, mcfg.trainer_dtype, device)
+        # the problems RL draws its prompts from: a pool of the first `pool_size` (0: all)
+        self.rl_problems = self.train_problems[: self.tcfg.pool_size or len(self.train_problems)]
         self._prompt_cache: dict[int, list[int]] = {}  # train prompts are encoded when first drawn
         self.test_prompts = data.encode_prompts(self.tokenizer, self.test_problems, cfg.task.prompt)
-        super().__init__(load_model(model_dir), cfg.train_for(model_name), correction, mcfg.trainer_dtype, device)
+        # the problems test_accuracy is measured on: the held-out test set, or the RL pool itself
+        if self.tcfg.eval_on == "pool":
+            self.eval_problems = self.rl_problems
+            self.eval_prompts = data.encode_prompts(self.tokenizer, self.eval_problems, cfg.task.prompt)
+        else:
+            self.eval_problems, self.eval_prompts = self.test_problems, self.test_prompts
         # engines take the model's own context length
         self.engine = VLLMEngine(str(model_dir), cfg.engine, self.sampler.precision, seed)
         # The on-policy probe/eval engine is BF16 synced to θ_t: for the always-synced bf16 sampler
@@ -252,7 +261,7 @@ class Trainer(Learner):
     def prompts_for(self, step: int) -> tuple[list[int], list[list[int]]]:
         """The step's training problems (indices) and their prompt token ids."""
         rng = np.random.default_rng(derive_seed(self.seed, step, "prompts"))
-        idx = rng.choice(len(self.train_problems), size=self.tcfg.prompts_per_step, replace=False).tolist()
+        idx = rng.choice(len(self.rl_problems), size=self.tcfg.prompts_per_step, replace=False).tolist()
         new = [i for i in idx if i not in self._prompt_cache]
         for i, ids in zip(new, data.encode_prompts(self.tokenizer, [self.train_problems[i] for i in new], self.cfg.task.prompt)):
             self._prompt_cache[i] = ids
@@ -295,6 +304,7 @@ class Trainer(Learner):
             break
         row = {"step": k, "sync_version": cell.sampler_version, "resync": resync, "ess_lag_presync": ess_presync}
         row["reward_mean"] = float(s.rewards.mean())
+        row.update(success_metrics(s.rewards, rollout.group, len(idx)))
         row["response_len_mean"] = float(rollout.lengths.double().mean())
         row.update(mism)
         row["kl_sampler"] = kl_sampler
@@ -328,19 +338,36 @@ class Trainer(Learner):
             row["dev"] = squared_distance(g_c, g_on)
             row["floor"] = squared_distance(g_on, g_on2)
             row["dev_ratio"] = dev_ratio(row["dev"], row["floor"])
+            row.update(gradient_snr(g_on, g_on2))
         else:
-            row.update(off_support=math.nan, dev=math.nan, floor=math.nan, dev_ratio=math.nan)
+            row.update(off_support=math.nan, dev=math.nan, floor=math.nan, dev_ratio=math.nan, grad_signal=math.nan, grad_snr=math.nan)
 
         with timer("eval"):
-            row["test_accuracy"] = self.evaluate(k) if (k % t.eval_every == 0 or k == t.steps) else math.nan
+            evaluating = k % t.eval_every == 0 or k == t.steps
+            row.update(self.evaluate(k) if evaluating else dict.fromkeys(EVAL_COLUMNS, math.nan))
         return row
 
-    def evaluate(self, version: int) -> float:
-        """Greedy test accuracy of θ_t on the BF16 engine."""
+    def evaluate(self, version: int) -> dict[str, float]:
+        """The accuracies of θ_t (BF16 engine) on the eval problems, greedy and sampled
+        (`eval_samples` answers each at temperature 1, seeded by the step), the held-out test set's
+        greedy accuracy when the eval problems are the RL pool, and `test_accuracy`: the one
+        `eval_mode` chooses for the tables."""
+        t = self.tcfg
         self.sync_probe(version)
-        responses = self.probe_engine.greedy(self.test_prompts)
-        ok = [r == countdown.REWARD_CORRECT for r in data.rewards(self.tokenizer, self.test_problems, responses)]
-        return float(np.mean(ok))
+        greedy = self._correct(self.eval_problems, self.probe_engine.greedy(self.eval_prompts))
+        sampled = self.probe_engine.generate(self.eval_prompts, t.eval_samples, derive_seed(self.seed, version, "eval"))
+        out = {
+            "accuracy_greedy": float(np.mean(greedy)),
+            "accuracy_sampled": float(np.mean(self._correct([self.eval_problems[g] for g in sampled.group.tolist()], sampled.response_ids))),
+            "heldout_accuracy_greedy": math.nan,
+        }
+        if t.eval_on == "pool":
+            out["heldout_accuracy_greedy"] = float(np.mean(self._correct(self.test_problems, self.probe_engine.greedy(self.test_prompts))))
+        out["test_accuracy"] = out[f"accuracy_{t.eval_mode}"]
+        return out
+
+    def _correct(self, problems, responses) -> list[bool]:
+        return [r == countdown.REWARD_CORRECT for r in data.rewards(self.tokenizer, problems, responses)]
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -363,6 +390,32 @@ class Trainer(Learner):
         return Cell(**blob["cell"])
 
 
+EVAL_COLUMNS = ("accuracy_greedy", "accuracy_sampled", "heldout_accuracy_greedy", "test_accuracy")
+
+
+def success_metrics(rewards: torch.Tensor, group: torch.Tensor, num_groups: int) -> dict[str, float]:
+    """Of a batch of k responses per prompt: pass@1 (share of correct responses), pass@k (share of
+    prompts with at least one) and the share of prompts whose rewards are mixed (only those carry a
+    non-zero advantage, and with it a gradient)."""
+    correct = (rewards == countdown.REWARD_CORRECT).double()
+    n = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, torch.ones_like(correct))
+    hits = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, correct)
+    return {
+        "pass_at_1": float(correct.mean()),
+        "pass_at_k": float((hits > 0).double().mean()),
+        "mixed_groups": float(((hits > 0) & (hits < n)).double().mean()),
+    }
+
+
+def gradient_snr(g_on: torch.Tensor, g_on2: torch.Tensor) -> dict[str, float]:
+    """The on-policy gradient's signal against its noise, from the two probe gradients: signal
+    ‖(g_on + g_on′)/2‖², noise ‖g_on − g_on′‖²/4 (the variance of their mean, in expectation) and
+    grad_snr = signal / noise (NaN when the noise is 0)."""
+    signal = squared_distance((g_on + g_on2) / 2, torch.zeros_like(g_on))
+    noise = squared_distance(g_on, g_on2) / 4
+    return {"grad_signal": signal, "grad_snr": signal / noise if noise > 0 else math.nan}
+
+
 def summarize(rows: list[dict], cell: Cell, meta: dict, seconds: dict) -> dict:
     """The run's summary: final test accuracy, noise-floor multiple, ESS crossings, resync steps, seconds.
 
@@ -379,6 +432,8 @@ def summarize(rows: list[dict], cell: Cell, meta: dict, seconds: dict) -> dict:
         **meta,
         "steps": int(len(df)),
         "final_test_accuracy": float(acc.iloc[-1]) if len(acc) else math.nan,
+        "initial_test_accuracy": cell.initial.get("test_accuracy", math.nan),
+        "initial_accuracies": cell.initial,
         "noise_floor_multiple": float(one(analysis.noise_floor_multiple, "noise_floor_multiple")),
         "leave_floor_step": as_int(one(analysis.leave_floor_step, "leave_floor_step")),
         "ess_crossing_step": as_int(one(analysis.ess_crossings, "ess_crossing_step")),
@@ -453,6 +508,7 @@ def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, 
     else:
         cell = Cell()
         note(f"starting {out}: {meta}")
+        cell.initial = tr.evaluate(0)  # θ_0's accuracies: where every run's accuracy curve starts
     where = {k: os.environ[k] for k in ("SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES") if k in os.environ}
     note(f"device {tr.device}, torch threads {torch.get_num_threads()}" + "".join(f", {k}={v}" for k, v in where.items()))
     tr.engine.load_weights({k: v.detach() for k, v in tr.sampler_model.state_dict().items()}, cell.sampler_version)

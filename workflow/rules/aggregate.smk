@@ -51,8 +51,10 @@ rule tables:
     params:
         python=PYTHON,
         out=output_parent,
+        replicates=replicate_args(),
     shell:
-        "{params.python} -m dlcrepro tables --steps {input.steps} --runs {input.runs} --out {params.out} > {log} 2>&1"
+        "{params.python} -m dlcrepro tables --steps {input.steps} --runs {input.runs} --out {params.out} "
+        "{params.replicates} > {log} 2>&1"
 
 
 rule figures:

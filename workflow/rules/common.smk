@@ -90,6 +90,12 @@ wildcard_constraints:
     seed=_alternatives(config["grid"]["seeds"]),
 
 
+def replicate_args():
+    """`--replicates 0,1,2 3,4,5` for the tables job: the seed groups whose findings are checked apart."""
+    groups = config["grid"].get("replicates") or []
+    return ("--replicates " + " ".join(",".join(map(str, g)) for g in groups)) if groups else ""
+
+
 def cell_dir(model, sampler, correction, seed):
     return f"{RESULTS}/{model}/{sampler}/{correction}/seed{seed}"
 
