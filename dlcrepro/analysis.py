@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Iterable
 
@@ -35,6 +36,8 @@ def collect(summary_paths: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataF
         steps.append(m)
         runs.append({k: s[k] for k in RUN} | {
             "final_test_accuracy": s["final_test_accuracy"],
+            "initial_test_accuracy": s.get("initial_test_accuracy", math.nan),  # θ_0's, before step 1
+            **{f"initial_{k}": v for k, v in s.get("initial_accuracies", {}).items() if k != "test_accuracy"},
             "resync_steps": json.dumps(s["resync_steps"]),
             "wall_seconds": s.get("wall_seconds", math.nan),
             "computed_as": s.get("computed_as", ""),  # the run whose metrics these are (grid.computed_as)
@@ -196,6 +199,25 @@ def bootstrap_spearman(df: pd.DataFrame, xcol: str, ycol: str, n_boot: int = 100
     return rho, float(lo), float(hi)
 
 
+def spearman_difference(df: pd.DataFrame, xcol: str, zcol: str, ycol: str, n_boot: int = 1000, seed: int = 0) -> tuple[float, float, float]:
+    """ρ(x, y) − ρ(z, y) over all rows and its 95 % interval, both ρ on the same resamples of runs."""
+    diff = spearman(df[xcol].to_numpy(float), df[ycol].to_numpy(float)) - spearman(df[zcol].to_numpy(float), df[ycol].to_numpy(float))
+    groups = [g[[xcol, zcol, ycol]].to_numpy(float) for _, g in df.groupby(RUN)]
+    if len(groups) < 2 or math.isnan(diff):
+        return diff, math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    boots = []
+    for _ in range(n_boot):
+        a = np.concatenate([groups[i] for i in rng.integers(len(groups), size=len(groups))])
+        d = spearman(a[:, 0], a[:, 2]) - spearman(a[:, 1], a[:, 2])
+        if not math.isnan(d):
+            boots.append(d)
+    if not boots:
+        return diff, math.nan, math.nan
+    lo, hi = np.percentile(boots, [2.5, 97.5])
+    return diff, float(lo), float(hi)
+
+
 def spearman_table(steps: pd.DataFrame, drops: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """ρ(off_support, drop) and ρ(M up to the step, drop) over (run, eval step) pairs, per model and pooled."""
     pairs = drops.merge(cumulative_multiple(steps), on=RUN + ["step"], how="left")
@@ -206,3 +228,90 @@ def spearman_table(steps: pd.DataFrame, drops: pd.DataFrame, n_boot: int = 1000,
             rows.append({"model": model, "measure": name, "rho": rho, "ci_low": lo, "ci_high": hi,
                          "pairs": int(d[[col, "drop"]].dropna().shape[0]), "runs": d.groupby(RUN).ngroups})
     return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- intervals and replicates
+
+
+def distinct_runs(df: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """`df` without the rows of runs that are copies of another run (`computed_as`, grid.py): a copied
+    cell's numbers are its source's, so counting it again in a correlation, a bootstrap or a collapse
+    count would weigh one run twice and narrow the intervals."""
+    copies = runs.loc[runs["computed_as"].fillna("") != "", RUN]
+    if copies.empty:
+        return df
+    marked = df.merge(copies.assign(_copy=True), on=RUN, how="left")
+    return df.loc[marked["_copy"].isna().to_numpy()]
+
+
+def multiple_bootstrap(steps: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Per cell: the mean over runs of M = Σ dev / Σ floor, and its 95 % bootstrap interval.
+
+    Two-level resampling, as the runs were made: runs of the cell with replacement, and within each
+    run its probe steps with replacement. A run whose resampled floor sums to 0 has no multiple and
+    is left out of that resample's mean."""
+    rng = np.random.default_rng(seed)
+    probes = steps.loc[steps["floor"].notna()]
+    rows = []
+    for key, cell in probes.groupby(CELL):
+        per_run = []  # (n_boot,) resampled multiples of each run
+        point = []
+        for _, g in cell.groupby("seed"):
+            dev, floor = g["dev"].to_numpy(float), g["floor"].to_numpy(float)
+            point.append(dev.sum() / floor.sum() if floor.sum() > 0 else math.nan)
+            idx = rng.integers(len(dev), size=(n_boot, len(dev)))
+            fs = floor[idx].sum(1)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                per_run.append(np.where(fs > 0, dev[idx].sum(1) / fs, np.nan))
+        m = np.stack(per_run)  # (runs, n_boot)
+        pick = rng.integers(len(m), size=(n_boot, len(m)))
+        with warnings.catch_warnings():  # a resample whose runs all lack a multiple: NaN, dropped below
+            warnings.simplefilter("ignore", RuntimeWarning)
+            boots = np.nanmean(m[pick, np.arange(n_boot)[:, None]], axis=1)
+        boots = boots[~np.isnan(boots)]
+        lo, hi = np.percentile(boots, [2.5, 97.5]) if len(boots) else (math.nan, math.nan)
+        rows.append(dict(zip(CELL, key)) | {"mean": float(np.nanmean(point)) if not np.all(np.isnan(point)) else math.nan,
+                                             "ci_low": float(lo), "ci_high": float(hi), "n_runs": len(m), "probe_steps": int(len(cell))})
+    return pd.DataFrame(rows, columns=CELL + ["mean", "ci_low", "ci_high", "n_runs", "probe_steps"])
+
+
+def mean_bootstrap(per_run_df: pd.DataFrame, col: str, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Per cell: the mean over runs of a per-run column and its 95 % interval, resampling runs."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for key, g in per_run_df.groupby(CELL):
+        x = g[col].to_numpy(float)
+        x = x[~np.isnan(x)]
+        lo = hi = mean = math.nan
+        if len(x):
+            mean = float(x.mean())
+            boots = x[rng.integers(len(x), size=(n_boot, len(x)))].mean(1)
+            lo, hi = (float(v) for v in np.percentile(boots, [2.5, 97.5]))
+        rows.append(dict(zip(CELL, key)) | {"mean": mean, "ci_low": lo, "ci_high": hi, "n_runs": int(len(g))})
+    return pd.DataFrame(rows, columns=CELL + ["mean", "ci_low", "ci_high", "n_runs"])
+
+
+def thin_probes(steps: pd.DataFrame, every: int) -> pd.DataFrame:
+    """The steps table as if probes had been drawn only at every `every`-th probe step of each run:
+    probes never change a run's trajectory, so this is exactly the sparser run's dev/floor."""
+    probe_steps = steps.loc[steps["floor"].notna(), "step"].drop_duplicates().sort_values()
+    keep = set(probe_steps.iloc[every - 1 :: every])
+    out = steps.copy()
+    drop = out["floor"].notna() & ~out["step"].isin(keep)
+    out.loc[drop, ["dev", "floor", "dev_ratio"]] = math.nan
+    return out
+
+
+def interval_width_by_probe_density(steps: pd.DataFrame, thinning=(1, 2, 5), n_boot: int = 1000) -> pd.DataFrame:
+    """How the cells' M intervals narrow with more probe steps: for each thinning factor, the probe
+    steps per run left and the median over cells of the interval's width relative to its mean."""
+    rows = []
+    for k in thinning:
+        b = multiple_bootstrap(thin_probes(steps, k), n_boot)
+        rel = (b["ci_high"] - b["ci_low"]) / b["mean"]
+        per_run = b["probe_steps"] / b["n_runs"]
+        rows.append({"probe every k-th probe step": k, "probe steps per run": float(per_run.median()) if len(b) else math.nan,
+                     "median relative CI width": float(rel.median()) if len(b) else math.nan,
+                     "cells": int(len(b))})
+    return pd.DataFrame(rows)
+

@@ -103,7 +103,7 @@ def cmd_figures(args) -> int:
 
     from .figures import write_all
 
-    write_all(pd.read_parquet(args.steps), Path(args.out))
+    write_all(pd.read_parquet(args.steps), Path(args.out), pd.read_parquet(args.runs))
     return 0
 
 

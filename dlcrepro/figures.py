@@ -77,7 +77,7 @@ def noise_floor(steps: pd.DataFrame, out: Path) -> None:
 
 
 def accuracy(steps: pd.DataFrame, out: Path) -> None:
-    """Greedy test accuracy at eval steps, per correction and sampler (mean over seeds)."""
+    """Test accuracy (the reported measure: train.eval_on / eval_mode) at eval steps, per correction and sampler (mean over seeds)."""
     d = steps.loc[steps["test_accuracy"].notna()]
     models, samplers = sorted(d["model"].unique()), [s for s in ("bf16", "fp8", "stale", "fp8_stale") if s in set(d["sampler"])]
     fig, axes = _grid(len(models), len(samplers), sharey=True)
@@ -85,7 +85,7 @@ def accuracy(steps: pd.DataFrame, out: Path) -> None:
         for j, s in enumerate(samplers):
             ax = axes[i, j]
             sns.lineplot(data=d.loc[(d["model"] == m) & (d["sampler"] == s)], x="step", y="test_accuracy", hue="correction", ax=ax, errorbar=None, marker="o")
-            ax.set(title=f"{m} / {s}", xlabel="step", ylabel="greedy test accuracy")
+            ax.set(title=f"{m} / {s}", xlabel="step", ylabel="test accuracy (reported measure)")
     _save(fig, out, "accuracy")
 
 
@@ -116,11 +116,47 @@ def off_support_drop(steps: pd.DataFrame, out: Path) -> None:
     _save(fig, out, "off_support_drop")
 
 
-FIGURES = {f.__name__: f for f in (mismatch, ess, noise_floor, accuracy, off_support_kl, off_support_drop)}
+ACCURACIES = {"accuracy_sampled": "sampled (eval set)", "accuracy_greedy": "greedy (eval set)", "heldout_accuracy_greedy": "greedy (held-out test)"}
 
 
-def write_all(steps: pd.DataFrame, out: Path) -> None:
+def learning(steps: pd.DataFrame, out: Path, runs: pd.DataFrame | None = None) -> None:
+    """Why the on-policy reference learns, per model: bf16/pg's accuracies per seed from θ_0 (step 0,
+    from the runs table) on; the training reward (5-step mean) of `pg` under each sampler; pass@1,
+    pass@k and the mixed-group share of bf16/pg's batches; the gradient SNR at probe steps."""
+    models = sorted(steps["model"].unique())
+    fig, axes = _grid(len(models), 4)
+    for i, m in enumerate(models):
+        ref = steps.loc[(steps["model"] == m) & (steps["sampler"] == A.REFERENCE[0]) & (steps["correction"] == A.REFERENCE[1])]
+        ev = ref.loc[ref["test_accuracy"].notna(), ["seed", "step", *ACCURACIES]]
+        if runs is not None and len(ev):
+            r0 = runs.loc[(runs["model"] == m) & (runs["sampler"] == A.REFERENCE[0]) & (runs["correction"] == A.REFERENCE[1])]
+            start = pd.DataFrame({"seed": r0["seed"], "step": 0, **{c: r0.get(f"initial_{c}") for c in ACCURACIES}})
+            ev = pd.concat([start, ev], ignore_index=True)
+        long = ev.melt(id_vars=["seed", "step"], value_vars=list(ACCURACIES), var_name="measure", value_name="accuracy").dropna()
+        long["measure"] = long["measure"].map(ACCURACIES)
+        if len(long):
+            sns.lineplot(data=long, x="step", y="accuracy", hue="measure", units="seed", estimator=None, ax=axes[i, 0], marker="o", lw=0.9)
+        axes[i, 0].set(title=f"{m}: bf16/pg accuracy, one line per seed", xlabel="step", ylabel="accuracy")
+        pg = steps.loc[(steps["model"] == m) & (steps["correction"] == "pg")].sort_values(A.RUN + ["step"]).copy()
+        pg["reward_ma"] = pg.groupby(A.RUN)["reward_mean"].transform(lambda x: x.rolling(5, min_periods=1).mean())
+        sns.lineplot(data=pg, x="step", y="reward_ma", hue="sampler", ax=axes[i, 1], errorbar=None)
+        axes[i, 1].set(title=f"{m}: pg training reward (5-step mean)", xlabel="step", ylabel="mean reward (±1)")
+        rates = ref.melt(id_vars=["seed", "step"], value_vars=["pass_at_1", "pass_at_k", "mixed_groups"], var_name="share", value_name="value")
+        sns.lineplot(data=rates, x="step", y="value", hue="share", ax=axes[i, 2], errorbar=None)
+        axes[i, 2].set(title=f"{m}: bf16/pg batches", xlabel="step", ylabel="share", ylim=(0, 1.02))
+        snr = steps.loc[(steps["model"] == m) & (steps["correction"] == "pg") & steps["grad_snr"].notna()]
+        if len(snr):
+            sns.lineplot(data=snr, x="step", y="grad_snr", hue="sampler", ax=axes[i, 3], errorbar=None, marker="o")
+        axes[i, 3].axhline(1.0, color="k", lw=0.8, ls=":")
+        axes[i, 3].set(yscale="log", title=f"{m}: on-policy gradient SNR (probe steps)", xlabel="step", ylabel="‖mean‖² / noise")
+    _save(fig, out, "learning")
+
+
+FIGURES = {f.__name__: f for f in (mismatch, ess, noise_floor, accuracy, off_support_kl, off_support_drop, learning)}
+
+
+def write_all(steps: pd.DataFrame, out: Path, runs: pd.DataFrame | None = None) -> None:
     out = Path(out)
     sns.set_theme(style="whitegrid", context="paper")
     for f in FIGURES.values():
-        f(steps, out)
+        f(steps, out, runs) if f is learning else f(steps, out)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import analysis as A
+from .findings import findings_table
 from .util import atomic_write_text
 
 # PAPER.md's numbers by cell. The paper does not say which model F3–F7 and F10 refer to, so they
@@ -48,19 +49,34 @@ def _mean_sd(mean, sd, digits=3):
     return f"{_fmt(mean, digits)} ± {_fmt(sd, 2)}" if not (isinstance(sd, float) and math.isnan(sd)) else _fmt(mean, digits)
 
 
-def noise_floor_table(pr: pd.DataFrame) -> pd.DataFrame:
-    s = A.cell_stats(pr, "noise_floor_multiple")
-    s["M (mean ± sd)"] = [_mean_sd(m, d) for m, d in zip(s["mean"], s["sd"])]
+def _ci_text(mean, lo, hi, digits=3):
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "n/a"
+    return f"{_fmt(mean, digits)} [{_fmt(lo, 2)}, {_fmt(hi, 2)}]"
+
+
+def noise_floor_table(steps: pd.DataFrame, pr: pd.DataFrame, n_boot: int = 1000) -> pd.DataFrame:
+    """Per cell: the mean over runs of M with its two-level bootstrap interval (runs, probe steps)."""
+    b = A.multiple_bootstrap(steps, n_boot)
+    s = b.merge(A.cell_stats(pr, "noise_floor_multiple")[A.CELL + ["n_valid"]], on=A.CELL, how="left")
+    s["M (mean [95 % CI])"] = [_ci_text(m, lo, hi) for m, lo, hi in zip(s["mean"], s["ci_low"], s["ci_high"])]
     s["runs with a multiple"] = [f"{v}/{n}" for v, n in zip(s["n_valid"], s["n_runs"])]
     s["paper"] = [PAPER_MULTIPLE.get((a, b), "") for a, b in zip(s["sampler"], s["correction"])]
-    return s[A.CELL + ["M (mean ± sd)", "runs with a multiple", "paper", "mean", "sd"]]
+    return s[A.CELL + ["M (mean [95 % CI])", "runs with a multiple", "probe_steps", "paper", "mean", "ci_low", "ci_high"]]
 
 
-def accuracy_table(pr: pd.DataFrame) -> pd.DataFrame:
-    s = A.cell_stats(pr, "final_test_accuracy")
-    s["final test accuracy (mean ± sd)"] = [_mean_sd(m, d) for m, d in zip(s["mean"], s["sd"])]
+def accuracy_table(pr: pd.DataFrame, n_boot: int = 1000) -> pd.DataFrame:
+    """Per cell: θ_0's and the final test accuracy (mean [95 % CI] over runs) and the rise between them."""
+    pr = pr.assign(rise=pr["final_test_accuracy"] - pr["initial_test_accuracy"])
+    fin, start, rise = (A.mean_bootstrap(pr, c, n_boot) for c in ("final_test_accuracy", "initial_test_accuracy", "rise"))
+    s = fin.merge(start, on=A.CELL, suffixes=("", "_start")).merge(rise, on=A.CELL, suffixes=("", "_rise"))
+    s["at step 0"] = [_fmt(m) for m in s["mean_start"]]
+    s["final (mean [95 % CI])"] = [_ci_text(m, lo, hi) for m, lo, hi in zip(s["mean"], s["ci_low"], s["ci_high"])]
+    s["rise (mean [95 % CI])"] = [_ci_text(m, lo, hi) for m, lo, hi in zip(s["mean_rise"], s["ci_low_rise"], s["ci_high_rise"])]
+    per_seed = pr.sort_values("seed").groupby(A.CELL)["final_test_accuracy"].apply(lambda x: "/".join(_fmt(v) for v in x)).rename("final per seed")
+    s = s.merge(per_seed.reset_index(), on=A.CELL, how="left")
     s["paper"] = [PAPER_ACCURACY.get((a, b), "") for a, b in zip(s["sampler"], s["correction"])]
-    return s[A.CELL + ["final test accuracy (mean ± sd)", "paper", "mean", "sd"]]
+    return s[A.CELL + ["at step 0", "final (mean [95 % CI])", "rise (mean [95 % CI])", "final per seed", "paper", "mean", "ci_low", "ci_high"]]
 
 
 def ess_crossing_table(pr: pd.DataFrame, correction: str = "is") -> pd.DataFrame:
@@ -101,52 +117,6 @@ def spearman_out(steps: pd.DataFrame, drops: pd.DataFrame, n_boot: int = 1000) -
     return t
 
 
-def _cell(t: pd.DataFrame, model, sampler, correction, col="mean"):
-    r = t.loc[(t["model"] == model) & (t["sampler"] == sampler) & (t["correction"] == correction), col]
-    return float(r.iloc[0]) if len(r) else math.nan
-
-
-def findings_table(nf, acc, ess, rs, off, sp, models) -> pd.DataFrame:
-    """F1–F13 of PAPER.md: the paper's value beside ours, per model (ours as text)."""
-    rows = []
-
-    def add(fid, what, paper, ours):
-        rows.append({"finding": fid, "what": what, "paper": paper, "ours": ours})
-
-    per = lambda f: "; ".join(f"{m}: {f(m)}" for m in models)  # noqa: E731
-    mult = lambda s, c: per(lambda m: _fmt(_cell(nf, m, s, c)) + "x")  # noqa: E731
-    add("F1", "IS fails once lag ESS < 1/2", "criterion",
-        per(lambda m: "; ".join(f"{r['sampler']}: ESS {r['ESS < 1/2 at step (per seed)']} / leaves {r['is leaves the floor (per seed)']}"
-                                for _, r in ess.loc[ess["model"] == m].iterrows()) or "n/a"))
-    add("F2", "stale: ESS crossing vs Gaussian prediction", "11 vs 14",
-        per(lambda m: "; ".join(f"{r['ESS < 1/2 at step (per seed)']} vs {r['Gaussian predicts (per seed)']}"
-                                for _, r in ess.loc[(ess["model"] == m) & (ess["sampler"] == "stale")].iterrows()) or "n/a"))
-    add("F3", "fp8: PG multiple (corrections near the floor)", "PG 13x",
-        per(lambda m: f"pg {_fmt(_cell(nf, m, 'fp8', 'pg'))}x, center {_fmt(_cell(nf, m, 'fp8', 'center'))}x, dlc {_fmt(_cell(nf, m, 'fp8', 'dlc'))}x"))
-    add("F4", "fp8: center's final test accuracy vs on-policy", "46.5 %",
-        per(lambda m: f"center {_fmt(_cell(acc, m, 'fp8', 'center'))} vs bf16/pg {_fmt(_cell(acc, m, 'bf16', 'pg'))}"))
-    add("F5", "stale: center multiple, accuracy", "32x, 12.2 %",
-        per(lambda m: f"{_fmt(_cell(nf, m, 'stale', 'center'))}x, {_fmt(_cell(acc, m, 'stale', 'center'))}"))
-    add("F6", "stale: is_center multiple, accuracy", "2.1x, 32.0 %",
-        per(lambda m: f"{_fmt(_cell(nf, m, 'stale', 'is_center'))}x, {_fmt(_cell(acc, m, 'stale', 'is_center'))}"))
-    add("F7", "stale: PPO multiple", "699x", mult("stale", "ppo"))
-    add("F8", "stale: DLC multiple", "<=2x (0.6B 1.9x)", mult("stale", "dlc"))
-    add("F9", "stale: DLC resync steps", "20, 35, 36",
-        per(lambda m: " | ".join(rs.loc[(rs["model"] == m) & (rs["sampler"] == "stale") & (rs["correction"] == "dlc"), "resync steps"]) or "n/a"))
-    add("F10", "stale: IS vs IS + resync multiple", "115x -> 2.6x",
-        per(lambda m: f"{_fmt(_cell(nf, m, 'stale', 'is'))}x -> {_fmt(_cell(nf, m, 'stale', 'is_resync'))}x"))
-    pooled = off.loc[off["model"] == "pooled"].set_index("resync")
-    get = lambda r, c: _fmt(float(pooled.loc[r, c])) if r in pooled.index else "n/a"  # noqa: E731
-    add("F11", "off-support share: at collapse / before (no resync); with resync", "90 %, <=14 %, <=11 %",
-        f"{get('without', 'off_support_at_collapse_mean')}, {get('without', 'off_support_before_max')}, {get('with', 'off_support_before_max')}")
-    add("F12", "kl_sampler at collapse vs healthy runs' range", "within range",
-        f"{get('without', 'kl_sampler_at_collapse_mean')} vs [{get('without', 'kl_sampler_healthy_min')}, {get('without', 'kl_sampler_healthy_max')}]")
-    spp = sp.loc[sp["model"] == "pooled"].set_index("measure")
-    add("F13", "Spearman with accuracy drop: off-support, deviation", "0.80 vs 0.74",
-        f"{spp.loc['off_support', 'rho [95 % CI]']} vs {spp.loc['noise_floor_multiple', 'rho [95 % CI]']}" if len(spp) else "n/a")
-    return pd.DataFrame(rows)
-
-
 # ----------------------------------------------------------------------------- writers
 
 
@@ -176,37 +146,39 @@ def to_md(df: pd.DataFrame, caption: str) -> str:
 
 
 def write_table(df: pd.DataFrame, out: Path, name: str, caption: str) -> None:
-    shown = df.drop(columns=[c for c in ("mean", "sd") if c in df.columns])
+    shown = df.drop(columns=[c for c in ("mean", "sd", "ci_low", "ci_high") if c in df.columns])
     atomic_write_text(out / f"{name}.csv", df.to_csv(index=False))
     atomic_write_text(out / f"{name}.md", to_md(shown, caption))
     atomic_write_text(out / f"{name}.tex", to_tex(shown, caption))
 
 
 CAPTIONS = {
-    "noise_floor": "Deviation from on-policy training in multiples of the noise floor, M = sum dev / sum floor per run (mean ± sd over seeds).",
-    "accuracy": "Final greedy test accuracy (mean ± sd over seeds).",
+    "noise_floor": "Deviation from on-policy training in multiples of the noise floor: per run M = sum dev / sum floor over its probe steps; per cell the mean over runs with a 95 % bootstrap interval (resampling runs, and probe steps within each run).",
+    "accuracy": "Test accuracy (the measure train.eval_on / train.eval_mode choose; the tiny study: sampled, 8 answers per problem at T = 1, on the RL pool) of θ_0 and at the last step, and the rise between them: mean [95 % bootstrap interval over runs].",
     "ess_crossing": "First step with lag ESS < 1/2 (empirical, on the fresh batch), the step the Gaussian prediction exp(-Var lag) crosses, and the step `is` leaves the floor (3-step moving average of dev/floor > 2).",
     "resync": "Steps at which each run with resync resynchronized its sampler.",
-    "off_support": "Off-support share (tokens of the trainer's own responses with probability < 1e-3 under the initial policy) before / at collapse points (accuracy drop >= half the bf16/pg reference), beside the sampler-side KL.",
-    "spearman": "Spearman correlation with the accuracy drop over (run, eval step) pairs of non-reference runs; 95 % bootstrap intervals resample runs.",
-    "findings": "Findings F1-F13 of the paper: the paper's value and this run's.",
+    "off_support": "Off-support share (tokens of the trainer's own responses with probability < 1e-3 under the initial policy) before / at collapse points (accuracy drop >= half the bf16/pg reference), beside the sampler-side KL. Copied cells (computed_as) count once.",
+    "spearman": "Spearman correlation with the accuracy drop over (run, eval step) pairs of non-reference runs, copied cells counted once; 95 % bootstrap intervals resample runs.",
+    "probe_density": "How the cells' M intervals narrow with probe steps: the same runs with only every k-th probe step kept (probes never change a run).",
+    "findings": "Findings of the paper, each checked by the stated rule in each replicate (a group of seeds): seen = holds in every replicate.",
 }
 
 
 def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 1000, replicates: list[list[int]] | None = None) -> dict[str, pd.DataFrame]:
     out = Path(out)
     pr = A.per_run(steps, runs)
-    drops = A.accuracy_drops(steps)
+    drops = A.distinct_runs(A.accuracy_drops(steps), runs)
+    distinct_steps = A.distinct_runs(steps, runs)
     t = {
-        "noise_floor": noise_floor_table(pr),
-        "accuracy": accuracy_table(pr),
+        "noise_floor": noise_floor_table(steps, pr, n_boot),
+        "accuracy": accuracy_table(pr, n_boot),
         "ess_crossing": ess_crossing_table(pr),
         "resync": resync_table(pr),
         "off_support": off_support_table(drops),
-        "spearman": spearman_out(steps, drops, n_boot),
+        "spearman": spearman_out(distinct_steps, drops, n_boot),
+        "probe_density": A.interval_width_by_probe_density(steps, n_boot=n_boot),
+        "findings": findings_table(steps, runs, replicates, n_boot),
     }
-    t["findings"] = findings_table(t["noise_floor"], t["accuracy"], t["ess_crossing"], t["resync"], t["off_support"], t["spearman"],
-                                   sorted(steps["model"].unique()))
     for name, df in t.items():
         write_table(df, out, name, CAPTIONS[name])
     return t

@@ -109,7 +109,9 @@ def test_tables_are_written_in_three_formats_with_the_paper_beside(tmp_path):
         for s in ("bf16", "stale") for c in ("pg", "is", "dlc") for k in (0, 1)
     ])
     runs = steps.groupby(A.RUN).agg(final_test_accuracy=("test_accuracy", "last")).reset_index()
+    runs["initial_test_accuracy"] = 0.25
     runs["resync_steps"] = json.dumps([])
+    runs["computed_as"] = ""
     T.write_all(steps, runs, tmp_path, n_boot=50)
     for name in T.CAPTIONS:
         for ext in ("tex", "md", "csv"):
@@ -120,4 +122,58 @@ def test_tables_are_written_in_three_formats_with_the_paper_beside(tmp_path):
     assert row["paper"] == "115x (F10)"
     assert row["mean"] == pytest.approx(np.mean([2.5, 5.0]))  # dev = (1..4)·(1+k), floor 1 each: M = 2.5, 5
     findings = pd.read_csv(tmp_path / "findings.csv")
-    assert findings["finding"].tolist() == [f"F{i}" for i in range(1, 14)]
+    assert findings["finding"].tolist() == ["R", "M"] + [f"F{i}" for i in range(1, 14)]
+    # bf16/pg rises 0.25 -> 0.2 (seed 0) and 0.25 (seed 1): the reference does not learn
+    assert findings.loc[findings["finding"] == "R", "seen"].iloc[0] == "not seen"
+    acc = pd.read_csv(tmp_path / "accuracy.csv")
+    assert acc.loc[(acc.sampler == "bf16") & (acc.correction == "pg"), "final per seed"].iloc[0] == "0.2/0.25"
+
+
+def test_multiple_interval_is_a_point_when_every_probe_step_has_the_same_ratio():
+    steps = pd.concat([run_rows("m", "stale", "is", k, dev=[2.0, 4.0, 6.0], floor=[1.0, 2.0, 3.0]) for k in (0, 1, 2)])
+    b = A.multiple_bootstrap(steps, n_boot=200).iloc[0]
+    assert (b["mean"], b["ci_low"], b["ci_high"]) == pytest.approx((2.0, 2.0, 2.0))
+    assert b["n_runs"] == 3 and b["probe_steps"] == 9
+
+
+def test_multiple_interval_resamples_runs_and_widens_with_their_spread():
+    steps = pd.concat([run_rows("m", "stale", "is", k, dev=[m] * 4, floor=[1.0] * 4) for k, m in enumerate((1.0, 2.0, 9.0))])
+    b = A.multiple_bootstrap(steps, n_boot=2000).iloc[0]
+    assert b["mean"] == pytest.approx(4.0)
+    assert 1.0 <= b["ci_low"] < 4.0 < b["ci_high"] <= 9.0
+
+
+def test_copied_cells_count_once():
+    steps = pd.concat([run_rows("m", "stale", c, 0, dev=[1.0]) for c in ("pg", "ppo", "is")])
+    runs = pd.DataFrame({"model": "m", "sampler": "stale", "correction": ["pg", "ppo", "is"], "seed": 0,
+                         "computed_as": ["", "results/m/stale/pg/seed0", ""]})
+    assert sorted(A.distinct_runs(steps, runs)["correction"]) == ["is", "pg"]
+
+
+def test_thin_probes_keeps_every_kth_probe_step_and_nothing_else():
+    steps = run_rows("m", "stale", "is", 0, dev=[1.0, NAN, 2.0, NAN, 3.0, NAN, 4.0], floor=[1.0, NAN, 1.0, NAN, 1.0, NAN, 1.0])
+    thin = A.thin_probes(steps, 2)
+    assert thin.loc[thin["floor"].notna(), "step"].tolist() == [3, 7]
+    assert thin["ess_lag"].tolist() == steps["ess_lag"].tolist()
+
+
+def test_spearman_difference_is_zero_for_the_same_measure_and_positive_for_a_better_one():
+    rows = []
+    for k in range(6):
+        for t in range(4):
+            drop = 0.1 * k + 0.02 * t
+            rows.append(dict(model="m", sampler="stale", correction="is", seed=k, step=t, drop=drop, good=drop, bad=(k * 7 + t * 3) % 5))
+    df = pd.DataFrame(rows)
+    assert A.spearman_difference(df, "good", "good", "drop", n_boot=50)[0] == 0.0
+    d, lo, hi = A.spearman_difference(df, "good", "bad", "drop", n_boot=200)
+    assert d > 0.5 and lo > 0
+
+
+def test_verdict_needs_every_replicate_and_at_least_two():
+    from dlcrepro.findings import verdict
+
+    assert verdict([True, True]) == "seen"
+    assert verdict([True, False]) == "not replicated"
+    assert verdict([False, False]) == "not seen"
+    assert verdict([True, "not run"]).startswith("holds in 1 replicate")
+    assert verdict([None, "not run"]) == "cannot tell"

@@ -19,6 +19,10 @@ SPEC_COLUMNS = {
     "discrepancy_mean", "discrepancy_mean_abs", "discrepancy_std", "lag_mean", "lag_mean_abs", "lag_std",
     "kl_sampler", "dev", "floor", "dev_ratio", "off_support", "test_accuracy",
 }
+LEARNING_COLUMNS = {
+    "pass_at_1", "pass_at_k", "mixed_groups", "grad_signal", "grad_snr",
+    "accuracy_greedy", "accuracy_sampled", "heldout_accuracy_greedy",
+}
 
 
 def train_cmd(model_dir, out, sampler="stale", correction="dlc", *sets):
@@ -38,11 +42,16 @@ def test_cell_writes_metrics_config_summary_and_log(tiny_model_dir, tmp_path):
     p = run(train_cmd(tiny_model_dir, out, "fp8_stale", "dlc"))
     assert p.returncode == 0, p.stderr[-3000:]
     df = pd.read_parquet(out / "metrics.parquet")
-    assert SPEC_COLUMNS <= set(df.columns)
+    assert SPEC_COLUMNS | LEARNING_COLUMNS <= set(df.columns)
     assert list(df["step"]) == [1, 2, 3, 4]
+    # the smoke config evaluates sampled accuracy on its 16-problem RL pool, held-out greedy beside it
+    ev = df.loc[df["test_accuracy"].notna()]
+    assert (ev["test_accuracy"] == ev["accuracy_sampled"]).all() and ev["heldout_accuracy_greedy"].notna().all()
+    assert ((df["pass_at_1"] <= df["pass_at_k"]) & (df["mixed_groups"] <= df["pass_at_k"])).all()
     assert {"sec_sample", "sec_probe", "sec_correction"} <= set(df.columns)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 4 and 0 <= summary["final_test_accuracy"] <= 1
+    assert summary["initial_test_accuracy"] == summary["initial_accuracies"]["accuracy_sampled"]
     assert set(summary["seconds_by_phase"]) >= {"sample", "probe", "eval"}
     assert (out / "config.yaml").exists() and "starting" in (out / "train.log").read_text()
     assert not (out / "checkpoint.pt").exists()  # only kept as long as a resume needs it
@@ -130,3 +139,25 @@ def test_micro_batched_step_gives_the_full_batch_numbers(tiny_model_dir, smoke_c
             assert abs(x - y) < 1e-6 * max(1.0, abs(x))
         else:
             assert torch.allclose(x, y, rtol=1e-4, atol=1e-6), (x - y).abs().max()
+
+
+def test_success_metrics_of_a_batch_by_hand():
+    import torch
+
+    from dlcrepro.train import success_metrics
+
+    # prompt 0: +1, -1 (mixed); prompt 1: -1, -1; prompt 2: +1, +1
+    rewards = torch.tensor([1.0, -1.0, -1.0, -1.0, 1.0, 1.0])
+    group = torch.tensor([0, 0, 1, 1, 2, 2])
+    m = success_metrics(rewards, group, 3)
+    assert m == pytest.approx({"pass_at_1": 0.5, "pass_at_k": 2 / 3, "mixed_groups": 1 / 3})
+
+
+def test_gradient_snr_is_signal_over_the_variance_of_the_mean():
+    import torch
+
+    from dlcrepro.train import gradient_snr
+
+    g1, g2 = torch.tensor([3.0, 0.0]), torch.tensor([1.0, 0.0])  # mean (2, 0): signal 4; noise |g1-g2|^2/4 = 1
+    assert gradient_snr(g1, g2) == pytest.approx({"grad_signal": 4.0, "grad_snr": 4.0})
+    assert gradient_snr(g1, g1.clone())["grad_snr"] != gradient_snr(g1, g1.clone())["grad_snr"]  # no noise: NaN

@@ -189,6 +189,7 @@ TABLE_NAMES = [
     "resync",
     "off_support",
     "spearman",
+    "probe_density",
     "findings",
 ]
 FIGURE_NAMES = [
@@ -198,6 +199,7 @@ FIGURE_NAMES = [
     "accuracy",
     "off_support_kl",
     "off_support_drop",
+    "learning",
 ]
 
 

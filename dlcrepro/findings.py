@@ -1,0 +1,286 @@
+"""The paper's findings checked by stated rules, separately in each replicate (a group of seeds).
+
+A finding counts as *seen* only where its rule holds in every replicate; one that holds in some
+replicates and not in others is *not replicated*, one whose rule fails everywhere is *not seen*. The
+rules compare cell means through their 95 % bootstrap intervals (analysis.multiple_bootstrap,
+analysis.mean_bootstrap), so an ordering counts only when the intervals exclude the opposite one.
+Functions from tables to tables, like analysis.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from . import analysis as A
+
+RISE_POINTS = 0.10  # the on-policy reference must gain this much accuracy in every run
+
+
+@dataclass
+class Replicate:
+    """Everything the rules read, for one model and one group of seeds."""
+
+    steps: pd.DataFrame
+    per_run: pd.DataFrame
+    multiple: pd.DataFrame  # per cell: mean, ci_low, ci_high of M
+    accuracy: pd.DataFrame  # per cell: mean, ci_low, ci_high of the final accuracy
+    drops: pd.DataFrame  # accuracy drops of distinct (non-copied) runs
+    n_boot: int
+
+    def cell(self, table: pd.DataFrame, sampler: str, correction: str) -> dict | None:
+        r = table.loc[(table["sampler"] == sampler) & (table["correction"] == correction)]
+        return None if r.empty else r.iloc[0].to_dict()
+
+    def runs(self, sampler: str, correction: str) -> pd.DataFrame:
+        return self.per_run.loc[(self.per_run["sampler"] == sampler) & (self.per_run["correction"] == correction)].sort_values("seed")
+
+
+Result = tuple[str, bool | None]  # (what this replicate shows, whether the rule holds; None: cannot tell)
+NOT_IN_GRID = ("not in this grid", None)
+
+
+def _f(x, d=3) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{d}g}"
+
+
+def _ci(c: dict | None, unit="x") -> str:
+    return "n/a" if c is None else f"{_f(c['mean'])}{unit} [{_f(c['ci_low'])}, {_f(c['ci_high'])}]"
+
+
+def _pct(c: dict | None) -> str:
+    return "n/a" if c is None else f"{100 * c['mean']:.1f} % [{100 * c['ci_low']:.1f}, {100 * c['ci_high']:.1f}]"
+
+
+def _seeds(runs: pd.DataFrame, col: str) -> str:
+    return "/".join(_f(v) for v in runs[col])
+
+
+# ----------------------------------------------------------------------------- the rules, one per finding
+
+
+def reference_learns(r: Replicate) -> Result:
+    runs = r.runs(*A.REFERENCE)
+    if runs.empty:
+        return NOT_IN_GRID
+    rise = runs["final_test_accuracy"] - runs["initial_test_accuracy"]
+    text = "rise per seed " + "/".join(f"{100 * v:+.1f}" for v in rise) + " points (" + \
+        "/".join(f"{100 * a:.1f}->{100 * b:.1f}" for a, b in zip(runs["initial_test_accuracy"], runs["final_test_accuracy"])) + " %)"
+    return text, bool((rise >= RISE_POINTS).all())
+
+
+def mechanism(r: Replicate) -> Result:
+    s = r.steps
+    fp8 = s.loc[s["sampler"] == "fp8"]
+    stale = s.loc[(s["sampler"] == "stale") & ~s["correction"].isin(A.RESYNC_CORRECTIONS)]
+    if fp8.empty or stale.empty:
+        return NOT_IN_GRID
+    last = s["step"].max()
+    early, late = (lambda d, c: float(d.loc[d["step"] <= 5, c].mean())), (lambda d, c: float(d.loc[d["step"] > last - 5, c].mean()))
+    d_ratio = late(fp8, "discrepancy_mean_abs") / early(fp8, "discrepancy_mean_abs")
+    lag0, lag1 = early(stale, "lag_mean_abs"), late(stale, "lag_mean_abs")
+    text = f"fp8 mean |δ| first/last 5 steps {_f(early(fp8, 'discrepancy_mean_abs'))}/{_f(late(fp8, 'discrepancy_mean_abs'))}; stale mean |λ| {_f(lag0)}/{_f(lag1)}"
+    return text, bool(2 / 3 <= d_ratio <= 3 / 2 and lag1 > 3 * lag0)
+
+
+def _collapse_step(r: Replicate, sampler: str, correction: str) -> dict[int, float]:
+    d = r.drops.loc[(r.drops["sampler"] == sampler) & (r.drops["correction"] == correction) & r.drops["collapse"]]
+    return d.groupby("seed")["step"].min().to_dict()
+
+
+def f1_is_fails_past_half(r: Replicate) -> Result:
+    runs = r.runs("stale", "is")
+    if runs.empty or r.runs(*A.REFERENCE).empty:
+        return NOT_IN_GRID
+    collapse = _collapse_step(r, "stale", "is")
+    cross = dict(zip(runs["seed"], runs["ess_crossing_step"]))
+    text = f"ESS < 1/2 at {_seeds(runs, 'ess_crossing_step')}; collapses at " + "/".join(_f(collapse.get(k, math.nan)) for k in runs["seed"])
+    ok = all(not math.isnan(cross[k]) and k in collapse and collapse[k] >= cross[k] for k in runs["seed"])
+    return text, ok
+
+
+def f2_crossing_vs_gaussian(r: Replicate) -> Result:
+    runs = r.runs("stale", "is")
+    if runs.empty:
+        return NOT_IN_GRID
+    e, g = runs["ess_crossing_step"].to_numpy(float), runs["ess_gauss_crossing_step"].to_numpy(float)
+    text = f"empirical {_seeds(runs, 'ess_crossing_step')} vs Gaussian {_seeds(runs, 'ess_gauss_crossing_step')}"
+    if np.isnan(e).any():
+        return text, False
+    return text, bool(np.all(e < np.where(np.isnan(g), np.inf, g)))
+
+
+def f3_fp8_pg_above_floor(r: Replicate) -> Result:
+    pg, center = r.cell(r.multiple, "fp8", "pg"), r.cell(r.multiple, "fp8", "center")
+    if pg is None or center is None:
+        return NOT_IN_GRID
+    return f"pg {_ci(pg)}, center {_ci(center)}", bool(pg["ci_low"] > 1 and pg["ci_low"] > center["ci_high"])
+
+
+def f4_fp8_center_matches_on_policy(r: Replicate) -> Result:
+    c, ref = r.runs("fp8", "center"), r.runs(*A.REFERENCE)
+    if c.empty or ref.empty:
+        return NOT_IN_GRID
+    paired = c[["seed", "final_test_accuracy"]].merge(ref[["seed", "final_test_accuracy"]], on="seed", suffixes=("", "_ref"))
+    diff = (paired["final_test_accuracy"] - paired["final_test_accuracy_ref"]).to_numpy(float)
+    rng = np.random.default_rng(0)
+    boots = diff[rng.integers(len(diff), size=(r.n_boot, len(diff)))].mean(1)
+    lo, hi = np.percentile(boots, [2.5, 97.5])
+    text = f"center {_pct(r.cell(r.accuracy, 'fp8', 'center'))} vs bf16/pg {_pct(r.cell(r.accuracy, *A.REFERENCE))}; paired difference {100 * diff.mean():+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] points"
+    return text, bool(lo <= 0 <= hi)
+
+
+def _above_floor(sampler: str, correction: str, factor: float = 2.0) -> Callable[[Replicate], Result]:
+    def rule(r: Replicate) -> Result:
+        m = r.cell(r.multiple, sampler, correction)
+        if m is None:
+            return NOT_IN_GRID
+        return f"{_ci(m)}, accuracy {_pct(r.cell(r.accuracy, sampler, correction))}", bool(m["ci_low"] > factor)
+
+    return rule
+
+
+def f6_is_center_below_center(r: Replicate) -> Result:
+    ic, c = r.cell(r.multiple, "stale", "is_center"), r.cell(r.multiple, "stale", "center")
+    if ic is None or c is None:
+        return NOT_IN_GRID
+    text = f"is_center {_ci(ic)}, {_pct(r.cell(r.accuracy, 'stale', 'is_center'))}; center {_ci(c)}"
+    return text, bool(ic["ci_high"] < c["ci_low"])
+
+
+def f8_dlc_within_two(r: Replicate) -> Result:
+    m = r.cell(r.multiple, "stale", "dlc")
+    if m is None:
+        return NOT_IN_GRID
+    return f"{_ci(m)}, accuracy {_pct(r.cell(r.accuracy, 'stale', 'dlc'))}", bool(m["ci_high"] <= 2)
+
+
+def f9_dlc_resyncs(r: Replicate) -> Result:
+    runs = r.runs("stale", "dlc")
+    if runs.empty:
+        return NOT_IN_GRID
+    lists = [json.loads(x) for x in runs["resync_steps"]]
+    return " | ".join(", ".join(map(str, x)) or "none" for x in lists), all(len(x) >= 1 for x in lists)
+
+
+def f10_resync_rescues_is(r: Replicate) -> Result:
+    a, b = r.cell(r.multiple, "stale", "is"), r.cell(r.multiple, "stale", "is_resync")
+    if a is None or b is None:
+        return NOT_IN_GRID
+    return f"{_ci(a)} -> {_ci(b)}", bool(b["ci_high"] < a["ci_low"])
+
+
+def f11_off_support_at_collapse(r: Replicate) -> Result:
+    if r.drops.empty:
+        return NOT_IN_GRID
+    t = A.off_support_summary(r.drops)
+    t = t.loc[t["model"] == "pooled"].set_index("resync")
+    get = lambda k, c: float(t.loc[k, c]) if k in t.index else math.nan  # noqa: E731
+    at, before, with_resync = get("without", "off_support_at_collapse_mean"), get("without", "off_support_before_max"), get("with", "off_support_before_max")
+    n = int(t.loc["without", "collapse_points"]) if "without" in t.index else 0
+    text = f"at collapse {_f(at)} (n={n}), before <= {_f(before)}; with resync <= {_f(with_resync)}"
+    if math.isnan(at):
+        return text, None
+    return text, bool(at > 2 * before and (math.isnan(with_resync) or with_resync < at))
+
+
+def f12_kl_blind_at_collapse(r: Replicate) -> Result:
+    if r.drops.empty:
+        return NOT_IN_GRID
+    t = A.off_support_summary(r.drops)
+    t = t.loc[(t["model"] == "pooled") & (t["resync"] == "without")]
+    if t.empty or math.isnan(t["kl_sampler_at_collapse_mean"].iloc[0]):
+        return "no collapse point", None
+    at, lo, hi = (float(t[c].iloc[0]) for c in ("kl_sampler_at_collapse_mean", "kl_sampler_healthy_min", "kl_sampler_healthy_max"))
+    return f"{_f(at)} at collapse vs healthy [{_f(lo)}, {_f(hi)}]", bool(at <= hi)
+
+
+def f13_off_support_predicts_drop(r: Replicate) -> Result:
+    if r.drops.empty:
+        return NOT_IN_GRID
+    pairs = r.drops.merge(A.cumulative_multiple(r.steps), on=A.RUN + ["step"], how="left")
+    ro = A.spearman(pairs["off_support"].to_numpy(float), pairs["drop"].to_numpy(float))
+    rm = A.spearman(pairs["multiple_to_step"].to_numpy(float), pairs["drop"].to_numpy(float))
+    d, lo, hi = A.spearman_difference(pairs, "off_support", "multiple_to_step", "drop", r.n_boot)
+    text = f"{_f(ro, 2)} vs {_f(rm, 2)}; difference {_f(d, 2)} [{_f(lo, 2)}, {_f(hi, 2)}] ({pairs.groupby(A.RUN).ngroups} distinct runs)"
+    return text, None if math.isnan(lo) else bool(lo > 0)
+
+
+# (id, what, the paper's value, the rule in words, the rule)
+FINDINGS: list[tuple[str, str, str, str, Callable[[Replicate], Result]]] = [
+    ("R", "on-policy bf16/pg learns", "46.5 % after 40 steps", f"every seed's accuracy rises >= {100 * RISE_POINTS:.0f} points over the run", reference_learns),
+    ("M", "δ constant under fp8, λ growing under stale", "yes", "fp8 mean |δ| last/first 5 steps in [2/3, 3/2]; stale mean |λ| (no resync) last > 3x first", mechanism),
+    ("F1", "IS fails once lag ESS < 1/2", "criterion", "every stale/is run crosses 1/2 and collapses (drop >= half the reference), never before its crossing", f1_is_fails_past_half),
+    ("F2", "stale: ESS crossing vs Gaussian prediction", "11 vs 14 (1.7B)", "every stale/is run crosses before the Gaussian prediction exp(-Var λ) does", f2_crossing_vs_gaussian),
+    ("F3", "fp8: PG multiple (corrections near the floor)", "PG 13x", "fp8/pg's M interval above 1 and above fp8/center's", f3_fp8_pg_above_floor),
+    ("F4", "fp8: center's accuracy matches on-policy", "46.5 %", "the paired (by seed) difference to bf16/pg has an interval containing 0", f4_fp8_center_matches_on_policy),
+    ("F5", "stale: center multiple, accuracy", "32x, 12.2 %", "stale/center's M interval above 2", _above_floor("stale", "center")),
+    ("F6", "stale: is_center multiple, accuracy", "2.1x, 32.0 %", "stale/is_center's M interval below stale/center's", f6_is_center_below_center),
+    ("F7", "stale: PPO multiple", "699x", "stale/ppo's M interval above 2", _above_floor("stale", "ppo")),
+    ("F8", "stale: DLC multiple", "<=2x (0.6B 1.9x)", "stale/dlc's M interval at or below 2", f8_dlc_within_two),
+    ("F9", "stale: DLC resync steps", "20, 35, 36 (once per run)", "every stale/dlc run resyncs at least once", f9_dlc_resyncs),
+    ("F10", "stale: IS vs IS + resync multiple", "115x -> 2.6x", "is_resync's M interval below is's", f10_resync_rescues_is),
+    ("F11", "off-support share at collapse / before; with resync", "90 %, <=14 %, <=11 %", "mean at collapse > 2x the largest before (no resync), and above every with-resync value", f11_off_support_at_collapse),
+    ("F12", "kl_sampler at collapse vs healthy runs' range", "within range", "mean kl_sampler at collapse <= the healthy runs' largest", f12_kl_blind_at_collapse),
+    ("F13", "Spearman with the accuracy drop: off-support vs deviation", "0.80 vs 0.74", "ρ(off-support) − ρ(M): interval above 0 (distinct runs only)", f13_off_support_predicts_drop),
+]
+
+
+def replicate_context(steps: pd.DataFrame, runs: pd.DataFrame, n_boot: int) -> Replicate:
+    pr = A.per_run(steps, runs)
+    return Replicate(
+        steps=steps,
+        per_run=pr,
+        multiple=A.multiple_bootstrap(steps, n_boot),
+        accuracy=A.mean_bootstrap(pr, "final_test_accuracy", n_boot),
+        drops=A.distinct_runs(A.accuracy_drops(steps), runs),
+        n_boot=n_boot,
+    )
+
+
+def _label(seeds: list[int]) -> str:
+    return "seeds " + ",".join(map(str, seeds))
+
+
+def findings_table(steps: pd.DataFrame, runs: pd.DataFrame, replicates: list[list[int]] | None = None, n_boot: int = 1000) -> pd.DataFrame:
+    """One row per finding (and model): the paper's value, the rule, each replicate's numbers with
+    ✓/✗, and the verdict: seen (holds in every replicate), not replicated, not seen, or not run."""
+    replicates = replicates or [sorted(int(s) for s in runs["seed"].unique())]
+    rows = []
+    for model in sorted(runs["model"].unique()):
+        ctx = []
+        for seeds in replicates:
+            sel = (steps["model"] == model) & steps["seed"].isin(seeds)
+            rsel = (runs["model"] == model) & runs["seed"].isin(seeds)
+            ctx.append(replicate_context(steps.loc[sel], runs.loc[rsel], n_boot) if rsel.any() else None)
+        for fid, what, paper, rule_text, rule in FINDINGS:
+            row = {"finding": fid, "model": model, "what": what, "paper": paper, "rule": rule_text}
+            verdicts = []
+            for seeds, c in zip(replicates, ctx):
+                if c is None:
+                    row[_label(seeds)] = "not run"
+                    verdicts.append("not run")
+                    continue
+                text, holds = rule(c)
+                row[_label(seeds)] = f"{'✓' if holds else '✗' if holds is False else '?'} {text}"
+                verdicts.append(holds)
+            row["seen"] = verdict(verdicts)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def verdict(holds: list) -> str:
+    """seen: holds in every replicate (at least two); not seen: fails in all that ran; else not replicated."""
+    ran = [h for h in holds if h != "not run"]
+    if not ran or all(h is None for h in ran):
+        return "cannot tell"
+    if all(h is True for h in ran):
+        return "seen" if len(ran) >= 2 else f"holds in 1 replicate ({len(holds) - len(ran)} not run)"
+    if all(h is False for h in ran):
+        return "not seen"
+    return "not replicated"
