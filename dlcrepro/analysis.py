@@ -1,4 +1,4 @@
-"""Aggregates of SPEC.md ("Aggregates over a cell"): functions from tables to tables.
+"""Aggregates over runs and cells (docs/method.md#aggregates-over-runs-and-cells): functions from tables to tables.
 
 `steps` is the per-step metrics of every run, with the run's identity columns RUN;
 `runs` has one row per run. Nothing here reads or writes files except `collect`.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+import zlib
 from pathlib import Path
 from typing import Iterable
 
@@ -51,11 +52,12 @@ def collect(summary_paths: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataF
 
 
 def noise_floor_multiple(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per run: M = Σ_t dev_t / Σ_t floor_t over probe steps; NaN where every floor is 0."""
+    """Per run: M = Σ_t dev_t / Σ_t floor_t over probe steps whose floor is > 0 (a step whose floor is
+    0 — every advantage 0 — adds nothing to either sum); NaN where every floor is 0."""
 
     def one(g):
-        floor = g["floor"].sum(min_count=1)
-        return float(g["dev"].sum() / floor) if floor and floor > 0 else math.nan
+        g = g.loc[g["floor"] > 0]
+        return float(g["dev"].sum() / g["floor"].sum()) if len(g) else math.nan
 
     return steps.groupby(RUN).apply(one, include_groups=False).rename("noise_floor_multiple").reset_index()
 
@@ -127,6 +129,8 @@ def accuracy_drops(steps: pd.DataFrame, reference: tuple[str, str] = REFERENCE) 
 def cumulative_multiple(steps: pd.DataFrame) -> pd.DataFrame:
     """Per (run, step): M up to that step, Σ_{t≤s} dev_t / Σ_{t≤s} floor_t (NaN while the floor sum is 0)."""
     df = steps.sort_values(RUN + ["step"])[RUN + ["step", "dev", "floor"]].copy()
+    counted = df["floor"] > 0  # a zero floor adds nothing to either sum
+    df["dev"], df["floor"] = df["dev"].where(counted, 0.0), df["floor"].where(counted, 0.0)
     g = df.groupby(RUN)
     dev, floor = g["dev"].cumsum(), g["floor"].cumsum()
     df["multiple_to_step"] = (dev / floor).where(floor > 0)
@@ -249,16 +253,18 @@ def multiple_bootstrap(steps: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -
 
     Two-level resampling, as the runs were made: runs of the cell with replacement, and within each
     run its probe steps with replacement. A run whose resampled floor sums to 0 has no multiple and
-    is left out of that resample's mean."""
-    rng = np.random.default_rng(seed)
-    probes = steps.loc[steps["floor"].notna()]
+    is left out of that resample's mean. Steps whose floor is 0 add nothing to either sum, as in M.
+    Each cell draws from its own stream (seeded by `seed` and the cell's name), so leaving a cell out
+    does not move the others' intervals."""
+    probes = steps.loc[steps["floor"] > 0]
     rows = []
     for key, cell in probes.groupby(CELL):
+        rng = np.random.default_rng([seed, zlib.crc32("/".join(map(str, key)).encode())])
         per_run = []  # (n_boot,) resampled multiples of each run
         point = []
         for _, g in cell.groupby("seed"):
             dev, floor = g["dev"].to_numpy(float), g["floor"].to_numpy(float)
-            point.append(dev.sum() / floor.sum() if floor.sum() > 0 else math.nan)
+            point.append(dev.sum() / floor.sum())
             idx = rng.integers(len(dev), size=(n_boot, len(dev)))
             fs = floor[idx].sum(1)
             with np.errstate(invalid="ignore", divide="ignore"):
@@ -276,10 +282,11 @@ def multiple_bootstrap(steps: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -
 
 
 def mean_bootstrap(per_run_df: pd.DataFrame, col: str, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """Per cell: the mean over runs of a per-run column and its 95 % interval, resampling runs."""
-    rng = np.random.default_rng(seed)
+    """Per cell: the mean over runs of a per-run column and its 95 % interval, resampling runs
+    (each cell from its own stream, as in multiple_bootstrap)."""
     rows = []
     for key, g in per_run_df.groupby(CELL):
+        rng = np.random.default_rng([seed, zlib.crc32("/".join(map(str, key)).encode())])
         x = g[col].to_numpy(float)
         x = x[~np.isnan(x)]
         lo = hi = mean = math.nan

@@ -1,4 +1,4 @@
-"""The corrections of SPEC.md: one registry of pure tensor functions.
+"""The corrections (docs/method.md#corrections): one registry of pure tensor functions.
 
 Each correction maps the per-token quantities of a batch to a scalar surrogate loss whose
 gradient is the correction's update direction (mean over all N response tokens of the batch).

@@ -1,4 +1,5 @@
-"""Per-step diagnostics of SPEC.md, as pure tensor functions. Each metric column is defined here once."""
+"""Per-step diagnostics (docs/method.md#per-step-diagnostics), as pure tensor functions.
+Each metric column is defined here once."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def kl_rows(logp_p: torch.Tensor, logp_q: torch.Tensor) -> torch.Tensor:
 
 
 def mismatch_metrics(e: torch.Tensor, a: torch.Tensor, b: torch.Tensor, seq: torch.Tensor, num_seqs: int) -> dict[str, float]:
-    """The mismatch columns of a batch from per-token e, a, b `(N,)` (SPEC notation).
+    """The mismatch columns of a batch from per-token e, a, b `(N,)` (notation: docs/method.md#notation).
 
     δ = a − e (numerical discrepancy), λ = b − a (policy lag), total b − e.
     """

@@ -104,9 +104,11 @@ def off_support_kl(steps: pd.DataFrame, out: Path) -> None:
     _save(fig, out, "off_support_kl")
 
 
-def off_support_drop(steps: pd.DataFrame, out: Path) -> None:
-    """Off-support share vs accuracy drop over (run, eval step) pairs, with ρ."""
+def off_support_drop(steps: pd.DataFrame, out: Path, runs: pd.DataFrame | None = None) -> None:
+    """Off-support share vs accuracy drop over (run, eval step) pairs, with ρ (copied cells once)."""
     drops = A.accuracy_drops(steps)
+    if runs is not None:
+        drops = A.distinct_runs(drops, runs)
     fig, ax = plt.subplots(figsize=(5.5, 4.2))
     if len(drops):
         sns.scatterplot(data=drops, x="off_support", y="drop", hue="correction", style="sampler", ax=ax)
@@ -159,4 +161,4 @@ def write_all(steps: pd.DataFrame, out: Path, runs: pd.DataFrame | None = None) 
     out = Path(out)
     sns.set_theme(style="whitegrid", context="paper")
     for f in FIGURES.values():
-        f(steps, out, runs) if f is learning else f(steps, out)
+        f(steps, out, runs) if f in (learning, off_support_drop) else f(steps, out)

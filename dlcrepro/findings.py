@@ -275,9 +275,10 @@ def findings_table(steps: pd.DataFrame, runs: pd.DataFrame, replicates: list[lis
 
 
 def verdict(holds: list) -> str:
-    """seen: holds in every replicate (at least two); not seen: fails in all that ran; else not replicated."""
+    """seen: holds in every replicate (at least two); not seen: fails in all that ran; not
+    replicated: holds in some, fails in others; cannot tell: a replicate could not decide."""
     ran = [h for h in holds if h != "not run"]
-    if not ran or all(h is None for h in ran):
+    if not ran or any(h is None for h in ran):
         return "cannot tell"
     if all(h is True for h in ran):
         return "seen" if len(ran) >= 2 else f"holds in 1 replicate ({len(holds) - len(ran)} not run)"

@@ -32,7 +32,7 @@ from .diagnostics import dev_ratio, kl_rows, mismatch_metrics, off_support_share
 from .engine import Rollout, VLLMEngine
 from .grid import computed_as, get_sampler
 from .model import TokenBatch, load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
-from .util import atomic_save, atomic_write_text, log
+from .util import NonFiniteError, atomic_save, atomic_write_text, log
 
 PHASES = ("sync", "sample", "score", "logprobs", "resync", "probe", "correction", "update", "eval", "checkpoint")
 METRICS_FILE, SUMMARY_FILE, CONFIG_FILE, CKPT_FILE, LOG_FILE = (
@@ -309,7 +309,7 @@ class Trainer(Learner):
         row.update(mism)
         row["kl_sampler"] = kl_sampler
 
-        probing = k % t.probe_every == 0
+        probing = k % t.probe_every == 0 or k == t.steps  # the last step too: its eval needs its off-support
         with timer("probe"):
             if probing:
                 self.sync_probe(cell.step)
@@ -323,6 +323,7 @@ class Trainer(Learner):
             theta_before = flat_params(self.params) if updates > 1 else None
             g_c = self.correction_grad(s, rollout, e, a, b, synced, kept)
             del kept
+            check_finite(k, {**row, "update direction": float(g_c.abs().max())})
 
         with timer("update"):
             for u in range(updates):
@@ -345,6 +346,7 @@ class Trainer(Learner):
         with timer("eval"):
             evaluating = k % t.eval_every == 0 or k == t.steps
             row.update(self.evaluate(k) if evaluating else dict.fromkeys(EVAL_COLUMNS, math.nan))
+        check_finite(k, row)
         return row
 
     def evaluate(self, version: int) -> dict[str, float]:
@@ -388,6 +390,22 @@ class Trainer(Learner):
         self.sampler_model.load_state_dict(blob["sampler"])
         torch.set_rng_state(blob["torch_rng"])
         return Cell(**blob["cell"])
+
+
+# Columns that are NaN by definition on some steps: probes and evals only on their steps, the
+# pre-resync ESS only where a resync happened, ratios where their denominator is 0.
+MAY_BE_NAN = {"ess_lag_presync", "dev", "floor", "dev_ratio", "off_support", "grad_signal", "grad_snr",
+              "accuracy_greedy", "accuracy_sampled", "heldout_accuracy_greedy", "test_accuracy"}
+
+
+def check_finite(step: int, row: dict) -> None:
+    """Raise NonFiniteError naming the step and the column if a value is infinite, or NaN where
+    the column is always defined. Called on the step's mismatch columns and update direction before
+    the update (an overflowed ratio would turn θ into NaN), and on the whole row after it, before
+    the row or a checkpoint is written: the run stops at that step, its last checkpoint intact."""
+    for col, v in row.items():
+        if isinstance(v, float) and (math.isinf(v) or (math.isnan(v) and col not in MAY_BE_NAN)):
+            raise NonFiniteError(f"step {step}: {col} is {v}; the run stops here (its last checkpoint is kept)")
 
 
 EVAL_COLUMNS = ("accuracy_greedy", "accuracy_sampled", "heldout_accuracy_greedy", "test_accuracy")

@@ -44,3 +44,7 @@ def atomic_save(path: Path, write) -> None:
 
 def log(msg: str) -> None:
     print(f"[dlcrepro {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class NonFiniteError(RuntimeError):
+    """A training metric or the update direction is NaN or infinite: the run stops before using it."""

@@ -27,10 +27,11 @@ def test_noise_floor_multiple_is_ratio_of_sums_and_nan_without_floor():
     steps = pd.concat([
         run_rows("m", "stale", "is", 0, dev=[1.0, 2.0, 9.0], floor=[1.0, 1.0, 1.0]),
         run_rows("m", "stale", "pg", 0, dev=[1.0, 2.0, 9.0], floor=[0.0, 0.0, 0.0]),
-        run_rows("m", "stale", "dlc", 0, dev=[1.0, 5.0, 1.0], floor=[1.0, 0.0, 1.0]),  # a zero floor adds nothing
+        # a zero floor (every advantage 0) adds nothing to either sum: its dev of 5 is not counted
+        run_rows("m", "stale", "dlc", 0, dev=[1.0, 5.0, 1.0], floor=[1.0, 0.0, 1.0]),
     ])
     m = A.noise_floor_multiple(steps).set_index("correction")["noise_floor_multiple"]
-    assert m["is"] == 4.0 and math.isnan(m["pg"]) and m["dlc"] == 3.5
+    assert m["is"] == 4.0 and math.isnan(m["pg"]) and m["dlc"] == 1.0
 
 
 def test_leave_floor_step_uses_trailing_three_step_average_above_two():
@@ -67,7 +68,7 @@ def test_accuracy_drop_and_collapse_against_bf16_pg_of_same_seed_and_step():
 def test_cumulative_multiple():
     steps = run_rows("m", "stale", "is", 0, dev=[1.0, 3.0, 2.0], floor=[0.0, 1.0, 1.0])
     c = A.cumulative_multiple(steps)["multiple_to_step"].tolist()
-    assert math.isnan(c[0]) and c[1] == 4.0 and c[2] == 3.0
+    assert math.isnan(c[0]) and c[1] == 3.0 and c[2] == 2.5  # step 1's floor is 0: its dev is not counted
 
 
 def test_spearman_bootstrap_resamples_runs_and_is_one_for_monotone_pairs():

@@ -161,3 +161,13 @@ def test_gradient_snr_is_signal_over_the_variance_of_the_mean():
     g1, g2 = torch.tensor([3.0, 0.0]), torch.tensor([1.0, 0.0])  # mean (2, 0): signal 4; noise |g1-g2|^2/4 = 1
     assert gradient_snr(g1, g2) == pytest.approx({"grad_signal": 4.0, "grad_snr": 4.0})
     assert gradient_snr(g1, g1.clone())["grad_snr"] != gradient_snr(g1, g1.clone())["grad_snr"]  # no noise: NaN
+
+
+def test_a_non_finite_metric_stops_the_run_naming_step_and_column():
+    from dlcrepro.train import NonFiniteError, check_finite
+
+    check_finite(3, {"reward_mean": -0.5, "dev": float("nan"), "test_accuracy": float("nan")})  # NaN by definition off-probe
+    with pytest.raises(NonFiniteError, match=r"step 3: ess_lag is nan"):
+        check_finite(3, {"reward_mean": -0.5, "ess_lag": float("nan")})
+    with pytest.raises(NonFiniteError, match=r"step 7: update direction is inf"):
+        check_finite(7, {"update direction": float("inf")})
