@@ -198,7 +198,10 @@ def instruction_prompt(p: Problem) -> str:
 # ----------------------------------------------------------------------------- scoring
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_TOKEN_RE = re.compile(r"\s*(\d+|[-+*/()×÷−])")
+# [0-9], not \d: \d, int() and str.isdigit() also take '３', '٣' (and isdigit '²'); the reward counts
+# the numbers as given, written in ASCII digits.
+_TOKEN_RE = re.compile(r"\s*([0-9]+|[-+*/()×÷−])")
+_DIGITS = frozenset("0123456789")
 _CANON = {"×": "*", "÷": "/", "−": "-"}
 
 
@@ -270,7 +273,7 @@ class _Parser:
             if self.take() != ")":
                 raise _Bad("unbalanced parenthesis")
             return v
-        if tok.isdigit():
+        if _DIGITS.issuperset(tok):
             if len(tok) > 1 and tok[0] == "0":
                 raise _Bad("leading zero")
             self.used.append(int(tok))

@@ -9,10 +9,17 @@ job's stdin/stdout/stderr, and the child's exit status becomes the job's. Killin
 cancelling it, Ctrl-C) kills the child.
 
 What is shared is only third-party code: every child imports `dlcrepro` afresh, so an edit to the
-package takes effect at the next job. A job falls back to running in its own process, saying so on
-stderr, when no server answers at PATH, when the server runs another python or another copy of the
-package, and always inside a Slurm allocation (a forked child would run outside the job's cgroup).
-Nothing the server does is needed for a result: it only saves process start-up.
+package takes effect at the next job.
+
+The server runs, as its owner, whatever command line and environment a connecting process sends,
+so only its owner may connect: the default socket lives in a directory only the owner can enter
+(`private_dir`), and the server checks each connecting process's uid (SO_PEERCRED, which the
+kernel fills in; nothing the client says) and closes any connection from another uid unanswered.
+
+A job falls back to running in its own process, saying so on stderr, when no server answers at
+PATH, when the server refuses its uid or runs another python or another copy of the package, and
+always inside a Slurm allocation (a forked child would run outside the job's cgroup). Nothing the
+server does is needed for a result: it only saves process start-up.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import struct
 import sys
 import tempfile
@@ -52,15 +60,41 @@ PRELOAD = (
     "compressed_tensors",
 )
 REFUSED = -1 << 16  # status sent instead of an exit code when the server will not run a job
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _HEADER = struct.Struct("!I")
 _STATUS = struct.Struct("!i")
 
 
+def private_dir() -> Path:
+    """This user's directory for server sockets, under the node-local temp directory (a socket on a
+    shared file system cannot be reached from other nodes anyway). Created 0700; an existing one
+    must be a real directory of ours that no one else can enter, else another user could reach or
+    replace the sockets in it."""
+    d = Path(tempfile.gettempdir()) / f"dlcrepro-{os.getuid()}"
+    try:
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(d)  # not stat: a symlink planted there must not lead elsewhere
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        kind = "directory" if stat.S_ISDIR(st.st_mode) else "symlink" if stat.S_ISLNK(st.st_mode) else "file"
+        raise PermissionError(
+            f"dlcrepro: {d} must be a directory of uid {os.getuid()} that only its owner can enter, not a "
+            f"{kind} of uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}: remove it (or chmod 700 it if it is yours)"
+        )
+    return d
+
+
 def default_socket(workdir: str | Path, python: str) -> str:
-    """The socket of the server of a working directory and python: under the node-local temp
-    directory (a socket on a shared file system cannot be reached from other nodes anyway)."""
+    """The socket of the server of a working directory and python, in `private_dir()`."""
     key = f"{Path(workdir).resolve()}\0{python}".encode()
-    return str(Path(tempfile.gettempdir()) / f"dlcrepro-{os.getuid()}-{hashlib.sha1(key).hexdigest()[:12]}.sock")
+    return str(private_dir() / f"{hashlib.sha1(key).hexdigest()[:12]}.sock")
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket, as the kernel recorded it."""
+    _, uid, _ = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    return uid
 
 
 def _identity() -> dict:
@@ -88,14 +122,20 @@ def run_via_server(path: str, argv: list[str]) -> int | None:
     for f in (sys.stdout, sys.stderr):
         f.flush()
     with s:
-        socket.send_fds(s, [_HEADER.pack(len(request)) + request], [0, 1, 2])
         reply = b""
-        while len(reply) < _STATUS.size:
-            chunk = s.recv(_STATUS.size - len(reply))
-            if not chunk:
-                print("dlcrepro: the job's process on the training server ended without an exit status (killed?)", file=sys.stderr)
-                return 1
-            reply += chunk
+        try:
+            socket.send_fds(s, [_HEADER.pack(len(request)) + request], [0, 1, 2])
+            while len(reply) < _STATUS.size:
+                chunk = s.recv(_STATUS.size - len(reply))
+                if not chunk:
+                    print("dlcrepro: the job's process on the training server ended without an exit status (killed?)",
+                          file=sys.stderr)
+                    return 1
+                reply += chunk
+        except OSError as e:  # EPIPE, ECONNRESET: the server closed the connection without reading the job
+            print(f"dlcrepro: the training server at {path} refused the connection ({e.strerror}): running in this process",
+                  file=sys.stderr)
+            return None
     (status,) = _STATUS.unpack(reply)
     if status == REFUSED:
         print(f"dlcrepro: the training server at {path} runs another python or package: running in this process", file=sys.stderr)
@@ -229,6 +269,11 @@ def serve(path: str, watch_pid: int | None = None, idle_seconds: float | None = 
                 continue
             conn.settimeout(None)
             last = time.monotonic()
+            uid = peer_uid(conn)
+            if uid != os.getuid():
+                print(f"dlcrepro serve: refused a connection from uid {uid}", file=sys.stderr, flush=True)
+                conn.close()
+                continue
             jobs += 1
             for f in (sys.stdout, sys.stderr):
                 f.flush()

@@ -39,6 +39,14 @@ def test_score_hand_cases(response, numbers, target, want):
     assert score(response, numbers, target) == want
 
 
+@pytest.mark.parametrize("three", ["\uff13", "\u0663", "\u00b3"], ids=["full-width", "arabic-indic", "superscript"])
+def test_score_counts_only_ascii_digits(three):
+    """int() and str.isdigit() take any Unicode digit; the reward counts the numbers as written in ASCII."""
+    assert score("<answer> (3*5)-2 = 13 </answer>", (3, 5, 2), 13) == 1
+    assert score(f"<answer> ({three}*5)-2 = 13 </answer>", (3, 5, 2), 13) == -1
+    assert score(f"<answer> (3*5)-2 = 1{three} </answer>", (3, 5, 2), 13) == -1
+
+
 def test_score_rejects_deep_nesting_without_recursion_error():
     deep = "(" * 500 + "1+2" + ")" * 500
     assert score(deep, (1, 2), 3) == -1

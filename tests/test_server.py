@@ -1,11 +1,15 @@
 """The fork server: a job run through it is the job run in its own process, only faster to start."""
 
+import contextlib
+import io
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -16,25 +20,32 @@ from test_train import run, train_cmd
 from dlcrepro import server
 from dlcrepro.cli import _without_server
 
-pytestmark = pytest.mark.slow
+NOBODY = 65534
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     d = tmp_path_factory.mktemp("server")
-    path, log = str(d / "s.sock"), d / "serve.log"
+    # Test-only: the socket sits where any uid can reach it (pytest's own temp dirs are 0700, and so
+    # is the real socket's directory), so that only the server's uid check stands in another uid's way.
+    door = Path(tempfile.mkdtemp(prefix="dlcrepro-test-"))
+    door.chmod(0o711)
+    path, log = str(door / "s.sock"), d / "serve.log"
     proc = subprocess.Popen([sys.executable, "-m", "dlcrepro", "serve", "--socket", path, "--watch-pid", str(os.getpid())],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
     deadline = time.time() + 180
     while not os.path.exists(path):
         assert proc.poll() is None and time.time() < deadline, log.read_text()
         time.sleep(0.2)
+    os.chmod(path, 0o777)  # connecting needs write permission on the socket
     yield path, log
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
     assert not os.path.exists(path), "the server removes its socket when it stops"
+    door.rmdir()
 
 
+@pytest.mark.slow
 def test_a_job_through_the_server_writes_what_its_own_process_writes(served, tiny_model_dir, tmp_path):
     path, log = served
     sets = ("train.steps=3",)
@@ -50,11 +61,13 @@ def test_a_job_through_the_server_writes_what_its_own_process_writes(served, tin
     pd.testing.assert_frame_equal(a[cols], b[cols])
 
 
+@pytest.mark.slow
 def test_the_jobs_exit_status_and_error_come_back(served, tiny_model_dir, tmp_path):
     p = run(train_cmd(tiny_model_dir, tmp_path / "x", "fp4", "dlc") + ["--server", served[0]])
     assert p.returncode == 2 and "unknown sampler 'fp4'" in p.stderr
 
 
+@pytest.mark.slow
 def test_killing_the_job_kills_its_child(served, tiny_model_dir, tmp_path):
     path, log = served
     n_before = len(re.findall(r"job \d+ in pid", log.read_text()))
@@ -76,6 +89,7 @@ def test_killing_the_job_kills_its_child(served, tiny_model_dir, tmp_path):
     assert not (out / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_jobs_run_in_their_own_process_without_a_matching_server(served, monkeypatch, capsys):
     path = served[0]
     assert server.run_via_server(str(path) + ".absent", ["train"]) is None
@@ -85,6 +99,52 @@ def test_jobs_run_in_their_own_process_without_a_matching_server(served, monkeyp
     assert "another python or package" in capsys.readouterr().err
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     assert server.run_via_server(path, ["--help"]) is None  # inside an allocation: never forked outside it
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="becoming another uid needs root")
+def test_a_connection_from_another_uid_is_refused_and_runs_nothing(served):
+    """The server runs what it is sent as its owner: another uid that reaches the socket gets nothing
+    run, and its job falls back to its own process."""
+    path, log = served
+    n_jobs = len(re.findall(r"job \d+ in pid", log.read_text()))
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: become nobody, then hand the server a job
+        status = 2
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                status = 0 if server.run_via_server(path, ["--help"]) is None else 1
+            os.write(w, err.getvalue().encode())
+        finally:
+            os._exit(status)
+    os.close(w)
+    with os.fdopen(r) as f:
+        err = f.read()
+    _, wait_status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(wait_status) == 0, err  # None: run in its own process
+    assert "refused the connection" in err and "running in this process" in err
+    assert f"refused a connection from uid {NOBODY}" in log.read_text()
+    assert len(re.findall(r"job \d+ in pid", log.read_text())) == n_jobs  # nothing forked
+
+
+def test_the_socket_directory_is_private_and_a_lax_one_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    d = server.private_dir()
+    assert d.parent == tmp_path and (d.stat().st_mode & 0o777) == 0o700
+    assert Path(server.default_socket(tmp_path, sys.executable)).parent == d
+    d.chmod(0o755)
+    with pytest.raises(PermissionError, match=f"only its owner can enter, not a directory of uid {os.getuid()} with mode 0755"):
+        server.private_dir()
+    d.rmdir()
+    d.symlink_to(tmp_path)  # a planted link, even to a directory of ours, is not the directory
+    with pytest.raises(PermissionError, match="not a symlink"):
+        server.private_dir()
 
 
 def test_the_forwarded_command_line_drops_only_the_server_option():

@@ -233,7 +233,9 @@ def start_fork_server():
     while it imports, and whenever it is absent."""
     if not fork_server_wanted() or not any(j.rule.name == "train" for j in workflow.dag.needrun_jobs()):
         return None
-    path = str(Path(tempfile.gettempdir()) / f"dlcrepro-{os.getuid()}-{os.getpid()}.sock")
+    from dlcrepro.server import private_dir  # stdlib only, like dlcrepro.config
+
+    path = str(private_dir() / f"snakemake-{os.getpid()}.sock")  # 0700: no other user reaches it
     Path(LOGS).mkdir(parents=True, exist_ok=True)
     log = open(f"{LOGS}/fork_server.log", "w")
     cmd = [PYTHON, "-m", "dlcrepro", "serve", "--socket", path, "--watch-pid", str(os.getpid())]
