@@ -107,6 +107,26 @@ def cmd_figures(args) -> int:
     return 0
 
 
+def cmd_scan(args) -> int:
+    from .scan import read_raw, run_scan, write_report
+
+    if args.redraw:
+        tables_out, figures_out = args.tables_out or args.out, args.figures_out or args.out
+        if not (tables_out and figures_out):
+            raise SystemExit("scan --redraw: give --out (or --tables-out and --figures-out)")
+        write_report(read_raw(args.redraw), Path(tables_out), Path(figures_out), args.name, args.n_boot, args.paper_response_tokens)
+        return 0
+    missing = [f for f, v in (("--sampler", args.sampler), ("--corrections", args.corrections), ("--out", args.out)) if not v]
+    if missing:
+        raise SystemExit(f"scan: {', '.join(missing)} required (unless --redraw)")
+    cfg = _load(args)
+    raw = run_scan(cfg, args.model, args.sampler, args.corrections, args.prompts, args.reps, Path(args.out), seed=args.seed,
+                   model_dir=args.model_dir, checkpoint=args.checkpoint, n_boot=args.n_boot,
+                   response_tokens=args.paper_response_tokens, name=args.name)
+    print(raw.groupby(["correction", "prompts"])[["tokens", "dev", "floor"]].sum().to_string())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dlcrepro", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -170,14 +190,33 @@ def main(argv: list[str] | None = None) -> int:
     fg.add_argument("--out", default="figures")
     fg.set_defaults(fn=cmd_figures)
 
+    sc = sub.add_parser("scan", help="noise-floor multiple against batch size at a fixed θ (no update), with the fit M - 1 = b T")
+    common(sc)
+    sc.add_argument("--sampler", help="sampler name (required unless --redraw)")
+    sc.add_argument("--corrections", nargs="+", help="correction names; they share each repetition's batches")
+    sc.add_argument("--prompts", nargs="+", type=int, default=[8, 16, 32, 64], help="the ladder: prompts per batch (responses per prompt: the config's)")
+    sc.add_argument("--reps", type=int, default=8, help="repetitions per rung, each with fresh prompts and seeds")
+    sc.add_argument("--seed", type=int, default=0)
+    sc.add_argument("--out", help="directory of scan.parquet, the table and the figure")
+    sc.add_argument("--model-dir", help="θ: model weights directory (default from the config; the run's θ_0 with --checkpoint)")
+    sc.add_argument("--checkpoint", help="θ: a run's checkpoint.pt (its policy; its sampler state for lagged samplers)")
+    sc.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples for the intervals")
+    sc.add_argument("--paper-response-tokens", type=float, help="mean response tokens of the paper's batch for T* (default: 300, an assumption)")
+    sc.add_argument("--name", default="scaling", help="file stem of the table and the figure")
+    sc.add_argument("--redraw", nargs="+", metavar="PARQUET", help="no scan: write the table and figure from these scan.parquet files")
+    sc.add_argument("--tables-out", help="with --redraw: where the table goes (default --out)")
+    sc.add_argument("--figures-out", help="with --redraw: where the figure goes (default --out)")
+    sc.set_defaults(fn=cmd_scan)
+
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
     args.argv = argv
     from .config import ConfigError
+    from .util import NonFiniteError
 
     try:
         return args.fn(args)
-    except (ConfigError, KeyError, FileNotFoundError) as e:
+    except (ConfigError, KeyError, FileNotFoundError, NonFiniteError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,88 @@
+# The noise-floor multiple against batch size at the warm start (dlcrepro/scan.py). Not part of the
+# default target: `snakemake scaling`. One scan job per model and sampler; the table and figure
+# are redrawn from the scans' raw rows.
+
+SCALING_SAMPLERS = ["fp8"]
+# prompts per batch (the tiny study's RL pool has 64 problems); responses per prompt: the config's
+SCALING_PROMPTS = [8, 16, 32, 64]
+SCALING_REPS = 8
+SCALING = f"{RESULTS}/scaling"
+
+
+# Slurm resources of a scan job: the model's (a scan is a few training steps' work per rung), else
+# the config's default. Lambdas: a rule file with `def`s fails `snakemake --lint` (common.smk holds those).
+SCALING_RESOURCE = lambda name, default: lambda wildcards: int(
+    config["models"][wildcards.model]
+    .get("resources", {})
+    .get(name, config.get("resources", {}).get(name, default))
+)
+
+
+localrules:
+    scaling,
+
+
+rule scaling_scan:
+    input:
+        cfg=train_config_input,
+        model=model_input,
+    output:
+        f"{SCALING}/{{model}}/{{sampler}}/scan.parquet",
+    log:
+        f"{LOGS}/scaling/{{model}}/{{sampler}}.log",
+    conda:
+        TRAIN_ENV
+    threads: 2
+    resources:
+        gres=lambda wildcards: (
+            f"gpu:{n}" if (n := SCALING_RESOURCE("gpu", 0)(wildcards)) > 0 else ""
+        ),
+        runtime=SCALING_RESOURCE("runtime", 60),
+        mem_mb=SCALING_RESOURCE("mem_mb", 4000),
+        cpus_per_task=2,
+    params:
+        python=PYTHON,
+        model_dir=model_dir_arg,
+        out=output_parent,
+        # the grid's corrections that are their own computation under this sampler (grid.computed_as:
+        # at fp8 dlc is is_center, is_resync is is, and ppo with one SGD step per batch is pg); ppo
+        # with several steps per batch is left out: the scan does not update θ
+        corrections=lambda wildcards: " ".join(
+            c
+            for c in config["grid"]["corrections"]
+            if computed_as(wildcards.sampler, c, CFG.train_for(wildcards.model))[0]
+            == c
+            and not (
+                c == "ppo" and CFG.train_for(wildcards.model).updates_per_batch > 1
+            )
+        ),
+        prompts=" ".join(map(str, SCALING_PROMPTS)),
+        reps=SCALING_REPS,
+    shell:
+        "OMP_NUM_THREADS={threads} {params.python} -m dlcrepro scan --config {input.cfg} --model {wildcards.model} "
+        "--model-dir {params.model_dir} --sampler {wildcards.sampler} --corrections {params.corrections} "
+        "--prompts {params.prompts} --reps {params.reps} --out {params.out} > {log} 2>&1"
+
+
+rule scaling:
+    input:
+        expand(
+            f"{SCALING}/{{model}}/{{sampler}}/scan.parquet",
+            model=config["grid"]["models"],
+            sampler=SCALING_SAMPLERS,
+        ),
+    output:
+        [f"{TABLES}/scaling.{ext}" for ext in ("md", "csv", "tex")],
+        f"{TABLES}/scaling_fit.csv",
+        [f"{FIGURES}/scaling.{ext}" for ext in ("png", "pdf")],
+    log:
+        f"{LOGS}/scaling.log",
+    conda:
+        ANALYSIS_ENV
+    params:
+        python=PYTHON,
+        tables=lambda wildcards, output: str(Path(output[0]).parent),
+        figures=output_parent,
+    shell:
+        "{params.python} -m dlcrepro scan --redraw {input} --tables-out {params.tables} --figures-out {params.figures} "
+        "--name scaling > {log} 2>&1"
