@@ -137,6 +137,10 @@ def cumulative_multiple(steps: pd.DataFrame) -> pd.DataFrame:
     return df[RUN + ["step", "multiple_to_step"]]
 
 
+OFF_SUPPORT_COLUMNS = ["model", "resync", "runs", "collapse_points", "off_support_before_max", "off_support_at_collapse_mean",
+                       "kl_sampler_at_collapse_mean", "kl_sampler_healthy_min", "kl_sampler_healthy_max"]
+
+
 def off_support_summary(drops: pd.DataFrame, resync_corrections=RESYNC_CORRECTIONS) -> pd.DataFrame:
     """Off-support share before / at collapse points, without and with resync, beside kl_sampler.
 
@@ -166,7 +170,7 @@ def off_support_summary(drops: pd.DataFrame, resync_corrections=RESYNC_CORRECTIO
                 "kl_sampler_healthy_min": float(hk.min()) if len(hk) else math.nan,
                 "kl_sampler_healthy_max": float(hk.max()) if len(hk) else math.nan,
             })
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=OFF_SUPPORT_COLUMNS)
 
 
 # ----------------------------------------------------------------------------- Spearman

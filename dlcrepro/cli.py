@@ -45,7 +45,8 @@ def cmd_train(args) -> int:
     from .train import run_cell
 
     cfg = _load(args)
-    summary = run_cell(cfg, args.model, args.sampler, args.correction, args.seed, Path(args.out), model_dir=args.model_dir)
+    summary = run_cell(cfg, args.model, args.sampler, args.correction, args.seed, Path(args.out), model_dir=args.model_dir,
+                       keep_checkpoint=args.keep_checkpoint)
     print(json.dumps(summary, indent=1))
     return 0
 
@@ -148,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--seed", type=int, required=True)
     t.add_argument("--out", required=True, help="the cell's result directory")
     t.add_argument("--model-dir", help="model weights directory (default from the config)")
+    t.add_argument("--keep-checkpoint", action="store_true",
+                   help="keep the final state as checkpoint.pt (θ_t and θ_s after the last step: an input for `scan --checkpoint`)")
     t.add_argument(
         "--server",
         metavar="SOCKET",

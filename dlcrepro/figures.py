@@ -24,6 +24,14 @@ def _save(fig, out: Path, name: str) -> None:
     plt.close(fig)
 
 
+def _absent(out: Path, name: str, why: str) -> None:
+    """The figure `name` as a note, where the grid lacks the cells it draws."""
+    fig, ax = plt.subplots(figsize=(5.5, 1.6))
+    ax.axis("off")
+    ax.text(0.5, 0.5, f"{name}: not in this grid\n({why})", ha="center", va="center")
+    _save(fig, out, name)
+
+
 def _grid(n_rows: int, n_cols: int, w=4.2, h=3.2, **kw):
     fig, axes = plt.subplots(n_rows, n_cols, figsize=(w * n_cols, h * n_rows), squeeze=False, **kw)
     return fig, axes
@@ -44,6 +52,8 @@ def mismatch(steps: pd.DataFrame, out: Path) -> None:
 def ess(steps: pd.DataFrame, out: Path) -> None:
     """Lag ESS of the fresh batch (solid) and its Gaussian prediction (dashed) under lagged samplers, with the 1/2 line."""
     d = steps.loc[steps["sampler"].isin(LAGGED)].assign(ess_seen=lambda x: A.lag_ess_seen(x))
+    if d.empty:
+        return _absent(out, "ess", "no run under a lagged sampler (stale, fp8_stale)")
     models = sorted(steps["model"].unique())
     fig, axes = _grid(len(models), len(LAGGED))
     for i, m in enumerate(models):
@@ -92,6 +102,8 @@ def accuracy(steps: pd.DataFrame, out: Path) -> None:
 def off_support_kl(steps: pd.DataFrame, out: Path) -> None:
     """Off-support share (trainer side) beside kl_sampler (what a sampler-side monitor sees), lagged samplers."""
     d = steps.loc[steps["sampler"].isin(LAGGED)].copy()
+    if d.empty:
+        return _absent(out, "off_support_kl", "no run under a lagged sampler (stale, fp8_stale)")
     d["resync"] = d["correction"].isin(A.RESYNC_CORRECTIONS).map({True: "with resync", False: "without resync"})
     models = sorted(d["model"].unique())
     fig, axes = _grid(len(models), 2)
@@ -125,6 +137,9 @@ def learning(steps: pd.DataFrame, out: Path, runs: pd.DataFrame | None = None) -
     """Why the on-policy reference learns, per model: bf16/pg's accuracies per seed from θ_0 (step 0,
     from the runs table) on; the training reward (5-step mean) of `pg` under each sampler; pass@1,
     pass@k and the mixed-group share of bf16/pg's batches; the gradient SNR at probe steps."""
+    is_ref = (steps["sampler"] == A.REFERENCE[0]) & (steps["correction"] == A.REFERENCE[1])
+    if not is_ref.any():
+        return _absent(out, "learning", "no bf16/pg run, the on-policy reference")
     models = sorted(steps["model"].unique())
     fig, axes = _grid(len(models), 4)
     for i, m in enumerate(models):

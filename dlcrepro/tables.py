@@ -164,6 +164,11 @@ CAPTIONS = {
 }
 
 
+def absent(df: pd.DataFrame, why: str) -> pd.DataFrame:
+    """`df`, or where it has no rows (the grid lacks the cells it needs) a one-row table saying why."""
+    return df if len(df) else pd.DataFrame({"not in this grid": [why]})
+
+
 def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 1000, replicates: list[list[int]] | None = None) -> dict[str, pd.DataFrame]:
     out = Path(out)
     pr = A.per_run(steps, runs)
@@ -172,10 +177,10 @@ def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 
     t = {
         "noise_floor": noise_floor_table(steps, pr, n_boot),
         "accuracy": accuracy_table(pr, n_boot),
-        "ess_crossing": ess_crossing_table(pr),
-        "resync": resync_table(pr),
-        "off_support": off_support_table(drops),
-        "spearman": spearman_out(distinct_steps, drops, n_boot),
+        "ess_crossing": absent(ess_crossing_table(pr), "no `is` run under a lagged sampler (stale, fp8_stale)"),
+        "resync": absent(resync_table(pr), "no run of a correction with resync (dlc, is_resync)"),
+        "off_support": absent(off_support_table(drops), "no accuracy drops: they need the bf16/pg reference and another cell"),
+        "spearman": absent(spearman_out(distinct_steps, drops, n_boot), "no accuracy drops: they need the bf16/pg reference and another cell"),
         "probe_density": A.interval_width_by_probe_density(steps, n_boot=n_boot),
         "findings": findings_table(steps, runs, replicates, n_boot),
     }

@@ -487,7 +487,8 @@ def copy_cell(src: Path, out: Path, meta: dict, cfg: Config, why: str) -> dict:
     return summary
 
 
-def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, out: Path, model_dir: str | None = None) -> dict:
+def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, out: Path, model_dir: str | None = None,
+             keep_checkpoint: bool = False) -> dict:
     """Run (or resume, or return the finished) cell; write metrics, config, summary and log into `out`."""
     out = Path(out)
     if (out / SUMMARY_FILE).exists() and (out / METRICS_FILE).exists():
@@ -557,7 +558,10 @@ def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, 
     summary = summarize(cell.rows, cell, meta, totals)
     summary["wall_seconds"] = round(time.perf_counter() - t0, 1)
     atomic_write_text(out / SUMMARY_FILE, json.dumps(summary, indent=1))
-    ckpt.unlink(missing_ok=True)
+    if keep_checkpoint:  # the final θ_t and θ_s, e.g. for `python -m dlcrepro scan --checkpoint`
+        tr.save_checkpoint(ckpt, cell)
+    else:
+        ckpt.unlink(missing_ok=True)
     note(f"finished {out}: {json.dumps({k: summary[k] for k in ('final_test_accuracy', 'noise_floor_multiple', 'resync_steps')})}")
     logf.close()
     return summary

@@ -178,3 +178,41 @@ def test_verdict_needs_every_replicate_and_at_least_two():
     assert verdict([False, False]) == "not seen"
     assert verdict([True, "not run"]).startswith("holds in 1 replicate")
     assert verdict([None, "not run"]) == "cannot tell"
+
+
+def _study(cells, seeds=(0, 1)):
+    """A hand-made steps and runs table over `cells` [(sampler, correction)]: 4 steps, probes at every step."""
+    steps = pd.concat([
+        run_rows("m", s, c, k, dev=[1.0, 2.0, 3.0, 4.0], test_accuracy=[NAN, 0.3, NAN, 0.4 - 0.1 * (s != "bf16")],
+                 off_support=[0.0, 0.1, 0.0, 0.2], pass_at_1=[0.3] * 4, pass_at_k=[0.6] * 4, mixed_groups=[0.5] * 4,
+                 grad_snr=[2.0] * 4, reward_mean=[-0.4] * 4, accuracy_greedy=[NAN, 0.3, NAN, 0.4],
+                 accuracy_sampled=[NAN, 0.3, NAN, 0.4], heldout_accuracy_greedy=[NAN, 0.2, NAN, 0.2],
+                 discrepancy_mean_abs=[0.01] * 4, lag_mean_abs=[0.0, 0.1, 0.2, 0.3])
+        for s, c in cells for k in seeds
+    ])
+    runs = steps.groupby(A.RUN).agg(final_test_accuracy=("test_accuracy", "last")).reset_index()
+    runs["initial_test_accuracy"] = 0.25
+    runs["resync_steps"] = json.dumps([])
+    runs["computed_as"] = ""
+    return steps, runs
+
+
+@pytest.mark.parametrize("cells", [
+    [("stale", "dlc")],  # a single cell
+    [("stale", "is"), ("stale", "dlc")],  # no on-policy reference
+    [("bf16", "pg"), ("fp8", "pg")],  # no lagged sampler
+], ids=["one-cell", "no-reference", "no-lagged-sampler"])
+def test_every_table_and_figure_comes_out_of_a_sub_grid(tmp_path, cells):
+    from dlcrepro import figures as F
+
+    steps, runs = _study(cells, seeds=(0,))
+    t = T.write_all(steps, runs, tmp_path / "tables", n_boot=50, replicates=[[0], [1]])
+    F.write_all(steps, tmp_path / "figures", runs)
+    for name in T.CAPTIONS:
+        assert (tmp_path / "tables" / f"{name}.md").stat().st_size > 0
+    for name in F.FIGURES:
+        assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 0
+    f = t["findings"].set_index("finding")
+    if ("bf16", "pg") not in cells:  # accuracy drops need the reference: said, not a KeyError
+        assert f.loc["R", "seeds 0"] == "not in this grid" or f.loc["R", "seeds 0"].endswith("not in this grid")
+    assert (f["seeds 1"] == "not run").all()

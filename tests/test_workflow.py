@@ -75,10 +75,10 @@ def test_smoke_pipeline_end_to_end_then_one_cell_reruns_alone(tmp_path):
     cfg = [f"{k}={v}" for k, v in out.items()]
     p = snakemake("--cores", "2", "--configfile", "configs/smoke.yaml", "--config", *cfg)
     assert p.returncode == 0, p.stderr[-4000:]
-    for t in ("noise_floor", "accuracy", "ess_crossing", "resync", "off_support", "spearman", "findings"):
+    for t in ("noise_floor", "accuracy", "ess_crossing", "resync", "off_support", "spearman", "probe_density", "findings"):
         for ext in ("tex", "md", "csv"):
             assert (out["tables_dir"] / f"{t}.{ext}").exists()
-    for f in ("mismatch", "ess", "noise_floor", "accuracy", "off_support_kl", "off_support_drop"):
+    for f in ("mismatch", "ess", "noise_floor", "accuracy", "off_support_kl", "off_support_drop", "learning"):
         assert (out["figures_dir"] / f"{f}.png").stat().st_size > 10_000
     assert len(list(out["results_dir"].glob("tiny/*/*/seed0/metrics.parquet"))) == 28
     # 8 of the 28 cells are another cell's run bit for bit (dlcrepro/grid.py): copied, not trained
