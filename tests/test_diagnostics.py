@@ -70,7 +70,7 @@ def test_summary_multiple_is_ratio_of_sums_and_crossings_are_first_steps():
         dict(step=3, dev=3.0, floor=1.0, dev_ratio=3.0, ess_lag=0.3, ess_lag_presync=nan, ess_lag_gauss=0.2, test_accuracy=0.1),
     ]
     s = summarize(rows, Cell(), {}, {})
-    assert s["noise_floor_multiple"] == 9.0 / 2.0
+    assert s["noise_floor_multiple"] == 4.0 / 2.0  # step 2's floor is 0: its dev adds nothing
     assert s["ess_crossing_step"] == 2 and s["ess_gauss_crossing_step"] == 2  # step 2's fresh batch, before its resync
     assert s["leave_floor_step"] is None  # moving averages 1, 1, 2
     assert s["final_test_accuracy"] == 0.1
