@@ -185,45 +185,30 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
     return float(stats.spearmanr(x[ok], y[ok]).statistic)
 
 
+def bootstrap_runs(df: pd.DataFrame, cols: list[str], stat, n_boot: int = 1000, seed: int = 0) -> tuple[float, float, float]:
+    """`stat` of the `(rows, len(cols))` array of `df`'s columns, and its 95 % interval resampling
+    runs (not rows) with replacement; resamples where `stat` is NaN are dropped."""
+    value = stat(df[cols].to_numpy(float))
+    groups = [g[cols].to_numpy(float) for _, g in df.groupby(RUN)]
+    if len(groups) < 2 or math.isnan(value):
+        return value, math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    boots = [stat(np.concatenate([groups[i] for i in rng.integers(len(groups), size=len(groups))])) for _ in range(n_boot)]
+    boots = [b for b in boots if not math.isnan(b)]
+    if not boots:
+        return value, math.nan, math.nan
+    lo, hi = np.percentile(boots, [2.5, 97.5])
+    return value, float(lo), float(hi)
+
+
 def bootstrap_spearman(df: pd.DataFrame, xcol: str, ycol: str, n_boot: int = 1000, seed: int = 0) -> tuple[float, float, float]:
     """ρ(x, y) over all rows and its 95 % interval, resampling runs (not steps)."""
-    rho = spearman(df[xcol].to_numpy(float), df[ycol].to_numpy(float))
-    groups = [g for _, g in df.groupby(RUN)]
-    if len(groups) < 2 or math.isnan(rho):
-        return rho, math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    arrays = [(g[xcol].to_numpy(float), g[ycol].to_numpy(float)) for g in groups]
-    boots = []
-    for _ in range(n_boot):
-        pick = rng.integers(len(arrays), size=len(arrays))
-        x = np.concatenate([arrays[i][0] for i in pick])
-        y = np.concatenate([arrays[i][1] for i in pick])
-        r = spearman(x, y)
-        if not math.isnan(r):
-            boots.append(r)
-    if not boots:
-        return rho, math.nan, math.nan
-    lo, hi = np.percentile(boots, [2.5, 97.5])
-    return rho, float(lo), float(hi)
+    return bootstrap_runs(df, [xcol, ycol], lambda a: spearman(a[:, 0], a[:, 1]), n_boot, seed)
 
 
 def spearman_difference(df: pd.DataFrame, xcol: str, zcol: str, ycol: str, n_boot: int = 1000, seed: int = 0) -> tuple[float, float, float]:
     """ρ(x, y) − ρ(z, y) over all rows and its 95 % interval, both ρ on the same resamples of runs."""
-    diff = spearman(df[xcol].to_numpy(float), df[ycol].to_numpy(float)) - spearman(df[zcol].to_numpy(float), df[ycol].to_numpy(float))
-    groups = [g[[xcol, zcol, ycol]].to_numpy(float) for _, g in df.groupby(RUN)]
-    if len(groups) < 2 or math.isnan(diff):
-        return diff, math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    boots = []
-    for _ in range(n_boot):
-        a = np.concatenate([groups[i] for i in rng.integers(len(groups), size=len(groups))])
-        d = spearman(a[:, 0], a[:, 2]) - spearman(a[:, 1], a[:, 2])
-        if not math.isnan(d):
-            boots.append(d)
-    if not boots:
-        return diff, math.nan, math.nan
-    lo, hi = np.percentile(boots, [2.5, 97.5])
-    return diff, float(lo), float(hi)
+    return bootstrap_runs(df, [xcol, zcol, ycol], lambda a: spearman(a[:, 0], a[:, 2]) - spearman(a[:, 1], a[:, 2]), n_boot, seed)
 
 
 def spearman_table(steps: pd.DataFrame, drops: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
