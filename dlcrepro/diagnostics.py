@@ -67,12 +67,15 @@ def off_support_share(logp_0: torch.Tensor, threshold: float) -> float:
     return float((logp_0 < math.log(threshold)).double().mean()) if logp_0.numel() else float("nan")
 
 
-def squared_distance(g1: torch.Tensor, g2: torch.Tensor, chunk: int = 1 << 24) -> float:
-    """‖g1 − g2‖² of two flat gradients, accumulated in float64 over slices of `chunk` entries
-    (a whole float64 copy of a 1.7B-parameter gradient would be 14 GB)."""
+def squared_distance(g1: torch.Tensor, g2: torch.Tensor | None, chunk: int = 1 << 24) -> float:
+    """‖g1 − g2‖² of two flat gradients (‖g1‖² when g2 is None), accumulated in float64 over slices of
+    `chunk` entries (a whole float64 copy of a 1.7B-parameter gradient would be 14 GB)."""
     total = torch.zeros((), dtype=torch.float64, device=g1.device)
     for i in range(0, g1.numel(), chunk):
-        total += ((g1[i : i + chunk].double() - g2[i : i + chunk].double()) ** 2).sum()
+        d = g1[i : i + chunk].double()
+        if g2 is not None:
+            d = d - g2[i : i + chunk].double()
+        total += (d * d).sum()
     return float(total)
 
 

@@ -339,7 +339,7 @@ class Trainer(Learner):
             row["dev"] = squared_distance(g_c, g_on)
             row["floor"] = squared_distance(g_on, g_on2)
             row["dev_ratio"] = dev_ratio(row["dev"], row["floor"])
-            row.update(gradient_snr(g_on, g_on2))
+            row.update(gradient_snr(g_on, g_on2, row["floor"]))
         else:
             row.update(off_support=math.nan, dev=math.nan, floor=math.nan, dev_ratio=math.nan, grad_signal=math.nan, grad_snr=math.nan)
 
@@ -425,12 +425,14 @@ def success_metrics(rewards: torch.Tensor, group: torch.Tensor, num_groups: int)
     }
 
 
-def gradient_snr(g_on: torch.Tensor, g_on2: torch.Tensor) -> dict[str, float]:
+def gradient_snr(g_on: torch.Tensor, g_on2: torch.Tensor, floor: float | None = None) -> dict[str, float]:
     """The on-policy gradient's signal against its noise, from the two probe gradients: signal
-    ‖(g_on + g_on′)/2‖², noise ‖g_on − g_on′‖²/4 (the variance of their mean, in expectation) and
-    grad_snr = signal / noise (NaN when the noise is 0)."""
-    signal = squared_distance((g_on + g_on2) / 2, torch.zeros_like(g_on))
-    noise = squared_distance(g_on, g_on2) / 4
+    ‖(g_on + g_on′)/2‖², noise ‖g_on − g_on′‖²/4 = floor/4 (the variance of their mean, in
+    expectation) and grad_snr = signal / noise (NaN when the noise is 0). The signal is
+    (‖g_on‖² + ‖g_on′‖²)/2 − floor/4: no gradient-sized temporary (a 1.7B model's is 7 GB)."""
+    floor = squared_distance(g_on, g_on2) if floor is None else floor
+    signal = (squared_distance(g_on, None) + squared_distance(g_on2, None)) / 2 - floor / 4
+    noise = floor / 4
     return {"grad_signal": signal, "grad_snr": signal / noise if noise > 0 else math.nan}
 
 
