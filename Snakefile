@@ -19,10 +19,13 @@ include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/scaling.smk"
 
 
+show_plan()  # at parse time: a dry run with missing weights stops here (workflow/rules/common.smk)
+
 FORK_SERVER = []
 
 
 onstart:
+    show_plan(on_cluster=not workflow.local_exec)
     FORK_SERVER.append(start_fork_server())
 
 

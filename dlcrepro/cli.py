@@ -128,6 +128,14 @@ def cmd_scan(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    from .cluster import load_merged, missing_message, plan_text
+
+    cfg = load_merged(args.config, _overrides(args.set))
+    print(plan_text(cfg, " ".join(args.config)))
+    return 1 if missing_message(cfg) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dlcrepro", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -210,6 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     sc.add_argument("--tables-out", help="with --redraw: where the table goes (default --out)")
     sc.add_argument("--figures-out", help="with --redraw: where the figure goes (default --out)")
     sc.set_defaults(fn=cmd_scan)
+
+    pl = sub.add_parser("plan", help="before submitting: cells trained and copied, GPU-hours requested and estimated, the largest job, missing weights or data")
+    pl.add_argument("--config", nargs="+", default=["configs/tiny.yaml"], help="config files, merged in order (as snakemake --configfile)")
+    pl.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (dotted)")
+    pl.set_defaults(fn=cmd_plan)
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)

@@ -26,6 +26,7 @@ import yaml
 from tqdm import tqdm
 
 from . import analysis, countdown, data
+from .cluster import check_device
 from .config import Config, ConfigError, to_dict
 from .corrections import CorrectionParams, TokenTerms, engine_distribution, get_correction
 from .diagnostics import dev_ratio, kl_rows, mismatch_metrics, off_support_share, squared_distance
@@ -509,6 +510,7 @@ def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, 
         src = out.parent.parent / same / out.name
         if finished_as(src, {**meta, "correction": same}, cfg):
             return copy_cell(src, out, meta, cfg, why)
+    check_device(cfg, model)  # a config asking for a GPU stops here on a CPU torch or without a device
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / CONFIG_FILE, yaml.safe_dump({"cell": meta, "config": to_dict(cfg)}, sort_keys=False))
     logf = open(out / LOG_FILE, "a")

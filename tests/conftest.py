@@ -28,3 +28,22 @@ def tiny_model_dir(tmp_path_factory, smoke_cfg) -> Path:
     out = tmp_path_factory.mktemp("tiny")
     warmstart(smoke_cfg, "tiny", out)
     return out / "model"
+
+
+PAPER_MODELS = ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B")
+PAPER_DATASET = "Jiayi-Pan/Countdown-Tasks-3to4"
+
+
+def fake_hf_cache(root: Path, models=PAPER_MODELS, datasets=(PAPER_DATASET,)) -> Path:
+    """A Hugging Face hub cache laid out as `huggingface-cli download` leaves it, with empty files:
+    for the checks that look for weights and data, never for loading them."""
+    for repo in models:
+        snap = root / f"models--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40)
+        snap.mkdir(parents=True, exist_ok=True)
+        (snap / "config.json").write_text("{}")
+        (snap / "model.safetensors").write_bytes(b"")
+    for repo in datasets:
+        snap = root / f"datasets--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40) / "data"
+        snap.mkdir(parents=True, exist_ok=True)
+        (snap / "train-00000-of-00001.parquet").write_bytes(b"")
+    return root

@@ -1,5 +1,6 @@
 """The Snakemake workflow: lint, schema errors, the paper grid, and the smoke pipeline end to end."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -10,13 +11,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, fake_hf_cache
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--nolock"]  # tests write to their own dirs
 
 
-def snakemake(*args, timeout=1200):
-    return subprocess.run(SNAKEMAKE + list(args), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+def snakemake(*args, timeout=1200, env=None):
+    return subprocess.run(SNAKEMAKE + list(args), cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_lint_is_clean():
@@ -24,8 +25,9 @@ def test_lint_is_clean():
     assert p.returncode == 0 and "Congratulations" in p.stdout + p.stderr, p.stdout + p.stderr
 
 
-def test_paper_grid_is_168_training_jobs():
-    p = snakemake("-n", "--configfile", "configs/paper.yaml", "--quiet", "rules")
+def test_paper_grid_is_168_training_jobs(tmp_path):
+    hub = fake_hf_cache(tmp_path / "hub")  # the weights and data the plan checks for before the DAG
+    p = snakemake("-n", "--configfile", "configs/paper.yaml", "--quiet", "rules", env={**os.environ, "HF_HUB_CACHE": str(hub)})
     assert p.returncode == 0, p.stderr
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
     assert jobs["train"] == "168" and "warmstart" not in jobs  # hf models are not warm-started

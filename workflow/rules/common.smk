@@ -1,5 +1,4 @@
 # Helpers of the workflow: config validation, the grid table, paths, the fork server. No rule lives here.
-import itertools
 import os
 import signal
 import subprocess
@@ -8,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 import yaml
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
@@ -15,6 +15,7 @@ validate(config, schema="../schemas/config.schema.yaml")
 
 # The package's torch-free modules, from this checkout (the Snakemake env need not have it installed).
 sys.path.insert(0, str(Path(workflow.basedir).resolve()))
+from dlcrepro import cluster
 from dlcrepro.config import build as build_config
 from dlcrepro.grid import computed_as
 
@@ -45,20 +46,12 @@ TRAIN_ENV = f"../../{config.get('train_env', 'envs/train-cpu.yaml')}"  # rule fi
 ANALYSIS_ENV = "../../envs/analysis.yaml"
 
 
-def _excluded(cell, rules):
-    return any(all(str(cell[k]) == str(v) for k, v in r.items()) for r in rules)
-
-
 def grid_cells():
-    """The grid as a list of dicts, exclusions removed (the grid is data, not code)."""
-    g = config["grid"]
-    cells = [
-        dict(model=m, sampler=s, correction=c, seed=int(k))
-        for m, s, c, k in itertools.product(
-            g["models"], g["samplers"], g["corrections"], g["seeds"]
-        )
+    """The grid as a list of dicts, exclusions removed (the grid is data, not code: dlcrepro/cluster.py)."""
+    return [
+        dict(model=c.model, sampler=c.sampler, correction=c.correction, seed=c.seed)
+        for c in cluster.grid_cells(CFG)
     ]
-    return [c for c in cells if not _excluded(c, g.get("exclude", []))]
 
 
 CELLS = grid_cells()
@@ -69,9 +62,11 @@ def same_cell(wildcards):
     """The grid cell whose run this cell's run is bit for bit (dlcrepro/grid.py), or None. Such a
     cell waits for that one and copies its metrics instead of training; a cell it would equal but
     that the grid leaves out is no help, and the cell trains."""
-    same, _ = computed_as(wildcards.sampler, wildcards.correction, CFG.train_for(wildcards.model))
-    key = (wildcards.model, wildcards.sampler, same, int(wildcards.seed))
-    return key if same != wildcards.correction and key in CELL_KEYS else None
+    w = wildcards
+    same = cluster.copy_source(
+        CFG, w.model, w.sampler, w.correction, int(w.seed), CELL_KEYS
+    )
+    return (w.model, w.sampler, same, int(w.seed)) if same else None
 
 
 def same_cell_input(wildcards):
@@ -156,20 +151,13 @@ def model_dir_arg(wildcards):
     return m["path"]
 
 
-# what a cell that copies another one's metrics asks of a cluster: no GPU, one core, minutes
-COPY_RESOURCES = {"gpu": 0, "runtime": 10, "mem_mb": 2000, "cpus_per_task": 1}
-
-
-def train_resources(name, default):
-    """Resources of training jobs: per-model values from config, else the default."""
+def train_resources(name):
+    """Resources of training jobs: per-model values from config, else the config's `resources`,
+    else cluster.TRAIN_DEFAULTS; a copying cell asks for cluster.COPY_RESOURCES."""
 
     def get(wildcards):
-        if same_cell(wildcards):
-            return COPY_RESOURCES[name]
-        value = config["models"][wildcards.model].get("resources", {}).get(name)
-        if value is None:
-            value = config.get("resources", {}).get(name, default)
-        return int(value)  # a value that crossed a command line arrives as text
+        copy = same_cell(wildcards) is not None
+        return cluster.job_resources(CFG, wildcards.model, copy)[name]
 
     return get
 
@@ -178,7 +166,7 @@ def train_gres(wildcards):
     """GPUs of a training job as a Slurm GRES string ("gpu:1"; "" for none). A GRES string, not a
     `gpu` count: the Slurm jobstep plugin 0.6.1 rejects a count computed by a function ("gpu must
     be an integer, but is 1")."""
-    n = train_resources("gpu", 0)(wildcards)
+    n = train_resources("gpu")(wildcards)
     return f"gpu:{n}" if n > 0 else ""
 
 
@@ -212,6 +200,30 @@ def all_outputs():
     ]
     figures = [f"{FIGURES}/{f}.{ext}" for f in FIGURE_NAMES for ext in ("pdf", "png")]
     return tables + figures + cell_outputs("summary.json")
+
+
+# ----------------------------------------------------------------------------- the plan
+# Before anything is submitted: the cells trained and copied, GPU-hours requested and estimated,
+# the largest job, and the weights and data the jobs read (dlcrepro/cluster.py, the same lines as
+# `python -m dlcrepro plan`). Shown while the Snakefile is parsed, because onstart does not run on
+# dry runs, by the main snakemake only (a Slurm job's snakemake parses this file too); a run that
+# asks for no GPU shows it at onstart when it submits to a cluster.
+PLAN_SHOWN = []
+
+
+def show_plan(on_cluster=False):
+    """Print the plan when the grid asks for GPUs, the run submits to a cluster, or
+    something is missing; then stop, before any job exists, with the fetch lines."""
+    if not workflow.is_main_process or PLAN_SHOWN:
+        return
+    missing = cluster.missing_message(CFG)
+    asks_gpu = any(cluster.job_resources(CFG, m)["gpu"] > 0 for m in CFG.grid.models)
+    if missing or asks_gpu or on_cluster:
+        PLAN_SHOWN.append(True)
+        source = " ".join(str(f) for f in workflow.configfiles)
+        print(cluster.plan_text(CFG, source), end="\n\n", file=sys.stderr, flush=True)
+    if missing:
+        raise WorkflowError(f"{missing}\nNothing was submitted.")
 
 
 # ----------------------------------------------------------------------------- fork server

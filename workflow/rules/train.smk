@@ -40,9 +40,9 @@ rule train:
     threads: 1
     resources:
         gres=train_gres,
-        runtime=train_resources("runtime", 30),
-        mem_mb=train_resources("mem_mb", 4000),
-        cpus_per_task=train_resources("cpus_per_task", 1),
+        runtime=train_resources("runtime"),
+        mem_mb=train_resources("mem_mb"),
+        cpus_per_task=train_resources("cpus_per_task"),
     params:
         python=PYTHON,
         model_dir=model_dir_arg,

@@ -1,0 +1,315 @@
+"""What a grid asks of a cluster before anything runs: its jobs, their resources and cost, the
+weights and data they read from the local cache, and the device check each job makes first.
+
+Torch-free (like grid.py and config.py): the Snakefile imports it to lay out the DAG and print the
+plan, also from a Snakemake environment without torch. `python -m dlcrepro plan` prints the same
+lines. `check_device` imports torch only when a job asks for a GPU.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import Config, ConfigError
+from .grid import computed_as
+
+# What a cell that copies another one's metrics asks of a cluster: no GPU, one core, minutes.
+COPY_RESOURCES = {"gpu": 0, "runtime": 10, "mem_mb": 2000, "cpus_per_task": 1}
+# A training job's resources where neither its model nor the config's `resources` name them.
+TRAIN_DEFAULTS = {"gpu": 0, "runtime": 30, "mem_mb": 4000, "cpus_per_task": 1}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One grid cell and, if it copies another cell's run, that cell's correction."""
+
+    model: str
+    sampler: str
+    correction: str
+    seed: int
+    same_as: str | None = None  # the correction of the cell whose run this one copies
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}/{self.sampler}/{self.correction}/seed{self.seed}"
+
+
+def _excluded(cell: dict, rules: list[dict]) -> bool:
+    return any(all(str(cell[k]) == str(v) for k, v in r.items()) for r in rules)
+
+
+def grid_cells(cfg: Config) -> list[Cell]:
+    """The grid (models x samplers x corrections x seeds, exclusions removed), each cell with the
+    cell it copies: one whose run it is bit for bit (grid.SAME_AS) and that the grid holds; a cell
+    whose twin the grid leaves out trains."""
+    g = cfg.grid
+    cells = [
+        dict(model=m, sampler=s, correction=c, seed=int(k))
+        for m, s, c, k in itertools.product(g.models, g.samplers, g.corrections, g.seeds)
+    ]
+    cells = [c for c in cells if not _excluded(c, g.exclude)]
+    keys = {(c["model"], c["sampler"], c["correction"], c["seed"]) for c in cells}
+    return [Cell(**c, same_as=copy_source(cfg, c["model"], c["sampler"], c["correction"], c["seed"], keys)) for c in cells]
+
+
+def copy_source(cfg: Config, model: str, sampler: str, correction: str, seed: int, keys: set) -> str | None:
+    """The correction of the grid cell (in `keys`) whose run this cell's run is, or None."""
+    same, _ = computed_as(sampler, correction, cfg.train_for(model))
+    return same if same != correction and (model, sampler, same, int(seed)) in keys else None
+
+
+def job_resources(cfg: Config, model: str, copy: bool = False) -> dict[str, int]:
+    """A training job's Slurm resources: the model's `resources`, else the config's `resources`,
+    else TRAIN_DEFAULTS; a copying cell's are COPY_RESOURCES. Values given on a command line
+    arrive as text, hence int()."""
+    if copy:
+        return dict(COPY_RESOURCES)
+    own = cfg.models[model].resources
+    return {k: int(own.get(k, cfg.resources.get(k, d))) for k, d in TRAIN_DEFAULTS.items()}
+
+
+def gpu_key(cfg: Config, model: str) -> str:
+    """The config key that sets a model's GPU count."""
+    return f"models.{model}.resources.gpu" if "gpu" in cfg.models[model].resources else "resources.gpu"
+
+
+# ----------------------------------------------------------------------------- device check
+
+
+class DeviceError(ConfigError):
+    """A job whose config asks for a GPU runs where torch has none."""
+
+
+def check_device(cfg: Config, model: str) -> None:
+    """Stop a job that asks for GPUs (`resources.gpu` > 0) before anything loads when torch is a
+    CPU-only build or sees no CUDA device: the paper's model must never train on CPU. The error
+    names the interpreter, torch's build and the fix."""
+    gpus = job_resources(cfg, model)["gpu"]
+    if gpus <= 0:
+        return
+    import torch
+
+    cuda_build = torch.version.cuda
+    seen = torch.cuda.device_count() if cuda_build and torch.cuda.is_available() else 0
+    if seen >= gpus:
+        return
+    where = ", ".join(f"{k}={os.environ[k]}" for k in ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID") if k in os.environ)
+    env = f"python {sys.executable}, torch {torch.__version__}" + (f" (CUDA {cuda_build})" if cuda_build else "") + (f", {where}" if where else "")
+    if not cuda_build:
+        why = "this torch is a CPU-only build"
+        fix = (
+            "run the job in the GPU environment: build it with `bash scripts/setup.sh --gpu` (README, "
+            "\"On a Slurm cluster\"), or give the jobs its interpreter (`python: /path/to/env/bin/python` "
+            "in the config) or `--sdm conda` (envs/train-gpu.yaml)"
+        )
+    else:
+        why = f"torch sees {seen} CUDA device(s)"
+        fix = "submit the job to a GPU partition with its GPU request (`--profile slurm` sets --gres from the config)"
+    raise DeviceError(
+        f"{gpu_key(cfg, model)}={gpus} asks for a GPU, but {why} ({env}); refusing to train {model!r} on CPU. "
+        f"Fix: {fix}; to train this model on CPU on purpose, set {gpu_key(cfg, model)}: 0."
+    )
+
+
+# ----------------------------------------------------------------------------- cost model
+# README, "Runtime and GPU-hours": the trainer's share of a paper step measured on one H200
+# (gpu_check piece `paper-trainer`, 512 sequences, ~150k response tokens); the engine's share is a
+# model (throughput assumed, not measured).
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds of one step of a 512-sequence batch on one H200, and the engine's throughput."""
+
+    logprobs_s: float  # trainer log-probs at θ_t and θ_s (measured)
+    probes_s: float  # the two probe gradients and θ_0 (measured; on probe steps only)
+    correction_s: float  # the correction's gradient (measured, dlc)
+    engine_tokens_per_s: float  # generated tokens per second (assumed)
+    sync_s: float  # two weight syncs (assumed)
+
+
+COST_MODEL: dict[str, StepCost] = {
+    "Qwen/Qwen3-0.6B": StepCost(6.0, 18.3, 10.5, 20_000, 3.0),
+    "Qwen/Qwen3-1.7B": StepCost(7.9, 28.3, 17.0, 12_000, 6.0),
+}
+COST_BATCH = 512  # sequences per step the trainer shares were measured at
+RESPONSE_TOKENS = 300  # mean response length assumed
+ENGINE_START_S = 180  # CUDA graph capture of two engines
+
+
+def step_cost(cfg: Config, model: str) -> StepCost | None:
+    """The cost model's entry for a model: by Hugging Face id, or a local directory of that name."""
+    path = cfg.models[model].path or ""
+    for hf_id, cost in COST_MODEL.items():
+        if path == hf_id or Path(path).name.lower() == hf_id.split("/")[-1].lower():
+            return cost
+    return None
+
+
+def estimated_minutes(cfg: Config, model: str) -> float | None:
+    """Minutes of one trained cell by the cost model (None: the model is not in it):
+    steps × (trainer shares scaled to the batch + probe share × probes + generated tokens /
+    throughput + syncs) + evaluations + engine start."""
+    cost = step_cost(cfg, model)
+    if cost is None:
+        return None
+    t = cfg.train_for(model)
+    batch = t.prompts_per_step * t.responses_per_prompt
+    scale, probe_share = batch / COST_BATCH, 1 / t.probe_every
+    engine_tokens = batch * RESPONSE_TOKENS * (1 + 2 * probe_share)  # the run's batch and two probe batches
+    step = scale * (cost.logprobs_s + cost.correction_s + probe_share * cost.probes_s) + engine_tokens / cost.engine_tokens_per_s + cost.sync_s
+    eval_steps = {k for k in range(1, t.steps + 1) if k % t.eval_every == 0} | {t.steps}
+    problems = t.pool_size if t.eval_on == "pool" and t.pool_size else cfg.task.n_test
+    answers = problems * (t.eval_samples if t.eval_mode == "sampled" else 1)
+    evals = (1 + len(eval_steps)) * answers * RESPONSE_TOKENS / cost.engine_tokens_per_s  # θ_0's and each eval step's
+    return (t.steps * step + evals + ENGINE_START_S) / 60
+
+
+# ----------------------------------------------------------------------------- the local cache
+
+
+@dataclass(frozen=True)
+class Need:
+    """A model's weights or the task's data, and where they were found (or how to fetch them)."""
+
+    key: str
+    value: str
+    found: Path | None
+    problem: str = ""
+    fix: str = ""
+
+
+def _weights_present(d: Path) -> bool:
+    return (d / "config.json").exists() and (any(d.glob("*.safetensors")) or any(d.glob("*.bin")))
+
+
+def needs(cfg: Config) -> list[Need]:
+    """What the grid's jobs read from disk and do not build: each `hf` model's weights and a parquet
+    task's data, found as a local path or in the Hugging Face cache (never downloaded)."""
+    from .data import resolve_local
+
+    out = []
+    items = [(f"models.{m}.path", cfg.models[m].path, "model") for m in dict.fromkeys(cfg.grid.models) if cfg.models[m].kind == "hf"]
+    if cfg.task.source == "parquet":
+        items.append(("task.path", cfg.task.path, "dataset"))
+    for key, value, kind in items:
+        flag = " --repo-type dataset" if kind == "dataset" else ""
+        fix = f"huggingface-cli download{flag} {value}" if "/" in value and not Path(value).is_absolute() else ""
+        try:
+            found = resolve_local(value, kind, key)
+        except ConfigError:
+            out.append(Need(key, value, None, "not a local path and not in the Hugging Face cache", fix))
+            continue
+        complete = _weights_present(found) if kind == "model" else any(found.rglob("*.parquet")) or found.suffix == ".parquet"
+        what = "config.json and weights (*.safetensors)" if kind == "model" else "parquet files"
+        out.append(Need(key, value, found, "" if complete else f"found at {found} but without {what}: an interrupted download?", fix))
+    return out
+
+
+def missing_message(cfg: Config) -> str:
+    """The missing weights and data with the line that fetches each; "" when nothing is missing."""
+    from .data import hf_hub_cache
+
+    bad = [n for n in needs(cfg) if n.problem]
+    if not bad:
+        return ""
+    lines = [f"missing from this machine's Hugging Face cache ({hf_hub_cache()}); fetch on a login node, then rerun:"]
+    for n in bad:
+        lines.append(f"  {n.key}={n.value}: {n.problem}" + (f"\n    {n.fix}" if n.fix else ""))
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def gpu_minutes(resources: dict[str, int]) -> int:
+    return resources["gpu"] * resources["runtime"]
+
+
+def _hours(minutes: float) -> str:
+    return f"{minutes / 60:.1f}"
+
+
+def plan_text(cfg: Config, source: str = "") -> str:
+    """The plan: cells trained vs copied, GPU-hours requested (Σ runtime × GPUs) and estimated by
+    the cost model per model, the largest single job, and the weights and data the jobs read."""
+    from .data import hf_hub_cache
+
+    cells = grid_cells(cfg)
+    g = cfg.grid
+    lines = [
+        f"dlcrepro plan: {cfg.name}" + (f" ({source})" if source else ""),
+        f"grid: {len(g.models)} models x {len(g.samplers)} samplers x {len(g.corrections)} corrections x {len(g.seeds)} seeds"
+        f" = {len(cells)} cells: {sum(c.same_as is None for c in cells)} trained, {sum(c.same_as is not None for c in cells)} copied"
+        " (a copy waits for the cell it equals and asks for no GPU)",
+    ]
+    warm = [m for m in dict.fromkeys(g.models) if cfg.models[m].kind == "tiny"]
+    if warm:
+        lines.append(f"warm start: {len(warm)} CPU job(s) first ({', '.join(warm)})")
+    def row(*cols) -> str:
+        return "{:<12}{:>6}{:>9}{:>8}{:>6}  {:<22}{:>16}  {}".format(*cols)
+
+    lines += ["", row("model", "cells", "trained", "copied", "done", "each trained job", "GPU-h requested", "GPU-h estimated")]
+    total_req, total_est, largest = 0.0, 0.0, None
+    for m in dict.fromkeys(g.models):
+        mine = [c for c in cells if c.model == m]
+        trained = [c for c in mine if c.same_as is None]
+        done = sum((Path(cfg.results_dir) / c.name / "summary.json").exists() for c in mine)
+        r = job_resources(cfg, m)
+        requested = sum(gpu_minutes(job_resources(cfg, m, c.same_as is not None)) for c in mine)
+        est = estimated_minutes(cfg, m)
+        est_gpu = None if est is None else est * r["gpu"] * len(trained)
+        per_job = f"{r['gpu']} GPU, {r['runtime']} min, {r['mem_mb'] // 1000} GB"
+        est_text = "—" if est_gpu is None else f"{_hours(est_gpu)} ({est:.0f} min/job)"
+        lines.append(row(m, len(mine), len(trained), len(mine) - len(trained), done, per_job, _hours(requested), est_text))
+        total_req += requested
+        total_est += est_gpu or 0
+        key = (gpu_minutes(r), r["runtime"], r["mem_mb"])
+        if trained and (largest is None or key > largest[0]):
+            largest = (key, trained[0], r, len(trained))
+    n_trained = sum(c.same_as is None for c in cells)
+    lines.append(row("total", len(cells), n_trained, len(cells) - n_trained, "", "", _hours(total_req), _hours(total_est)))
+    lines.append("GPU-h requested: Σ runtime × GPUs of the Slurm requests; estimated: README's H200 cost model (— where a model is not in it)")
+    if largest:
+        _, cell, r, n = largest
+        lines.append(
+            f"largest single job: train {cell.name} (and {n - 1} like it): {r['gpu']} GPU, {r['runtime']} min, "
+            f"{r['mem_mb']} MB, {r['cpus_per_task']} CPUs"
+        )
+    lines += ["", f"weights and data (Hugging Face cache {hf_hub_cache()}):"]
+    for m in warm:
+        lines.append(f"  models.{m}: built here by the warm start ({Path(cfg.artifacts) / m / 'model'})")
+    if cfg.task.source != "parquet":
+        lines.append("  task: generated here (task.source: generate)")
+    for n in needs(cfg):
+        lines.append(f"  {n.key}={n.value}: " + (f"MISSING: {n.problem}" + (f"; fix: {n.fix}" if n.fix else "") if n.problem else f"ok ({n.found})"))
+    return "\n".join(lines)
+
+
+def load_merged(paths: list[str], overrides: dict[str, Any] | None = None) -> Config:
+    """Config files merged in order as Snakemake merges `--configfile`s (nested keys updated),
+    then dotted overrides; built (ranges checked) without importing torch."""
+    import yaml
+
+    from .config import build
+
+    def merge(a: dict, b: dict) -> dict:
+        return {**a, **{k: merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v for k, v in b.items()}}
+
+    data: dict = {}
+    for p in paths:
+        if not Path(p).exists():
+            raise ConfigError(f"config file {p} does not exist")
+        data = merge(data, yaml.safe_load(Path(p).read_text()) or {})
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return build(data)

@@ -1,0 +1,169 @@
+"""The cluster user's path: the plan before anything runs (cells, GPU-hours, the largest job, what
+is missing from the local cache), a dry run that stops on a missing model, and a job that refuses
+to train a GPU config on a CPU torch."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import PAPER_MODELS, ROOT, SMOKE, fake_hf_cache
+from dlcrepro import cluster
+from dlcrepro.config import load
+
+PAPER = ROOT / "configs" / "paper.yaml"
+
+
+def run(cmd, hub, timeout=300):
+    """`cmd` with the Hugging Face cache at `hub`; stdout and stderr as one stream, in the order written."""
+    env = {**os.environ, "HF_HUB_CACHE": str(hub)}
+    return subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout, env=env)
+
+
+def plan(hub, *configs):
+    return run([sys.executable, "-m", "dlcrepro", "plan", "--config", *map(str, configs)], hub)
+
+
+def snakemake_dry_run(hub, configfile):
+    return run([sys.executable, "-m", "snakemake", "--nolock", "-n", "--quiet", "rules", "--configfile", str(configfile)], hub)
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def test_plan_of_the_paper_grid_counts_cells_gpu_hours_and_the_largest_job(tmp_path):
+    p = plan(fake_hf_cache(tmp_path / "hub"), PAPER)
+    assert p.returncode == 0, p.stdout
+    out = p.stdout
+    assert "168 cells: 120 trained, 48 copied" in out, out
+    rows = {m: line.split() for line in out.splitlines() for m in ("qwen3-0.6b", "qwen3-1.7b", "total") if line.startswith(m)}
+    # cells, trained, copied, done; GPU-hours requested (Σ runtime × GPUs: copies ask for none) and
+    # estimated by the cost model (README: ~45 and ~70 minutes per trained job)
+    assert rows["qwen3-0.6b"][1:5] == ["84", "60", "24", "0"] and "90.0" in rows["qwen3-0.6b"] and "44.8" in rows["qwen3-0.6b"]
+    assert rows["qwen3-1.7b"][1:5] == ["84", "60", "24", "0"] and "150.0" in rows["qwen3-1.7b"] and "70.2" in rows["qwen3-1.7b"]
+    assert rows["total"][1:] == ["168", "120", "48", "240.0", "115.0"]
+    assert "largest single job: train qwen3-1.7b/" in out and "1 GPU, 150 min, 96000 MB, 8 CPUs" in out
+    assert out.count(": ok (") == 3 and "MISSING" not in out
+
+
+def test_plan_names_each_missing_item_with_its_download_line(tmp_path):
+    hub = fake_hf_cache(tmp_path / "hub", models=PAPER_MODELS[:1], datasets=())
+    p = plan(hub, PAPER)
+    assert p.returncode == 1, p.stdout
+    missing = [line for line in p.stdout.splitlines() if "MISSING" in line]
+    assert len(missing) == 2, p.stdout
+    assert "models.qwen3-1.7b.path=Qwen/Qwen3-1.7B" in missing[0] and missing[0].endswith("huggingface-cli download Qwen/Qwen3-1.7B")
+    assert missing[1].endswith("huggingface-cli download --repo-type dataset Jiayi-Pan/Countdown-Tasks-3to4")
+    assert "models.qwen3-0.6b.path=Qwen/Qwen3-0.6B: ok" in p.stdout
+
+
+def test_a_snapshot_without_weights_counts_as_missing(tmp_path):
+    hub = fake_hf_cache(tmp_path / "hub")
+    for f in hub.glob("models--Qwen--Qwen3-0.6B/snapshots/*/model.safetensors"):
+        f.unlink()  # an interrupted download: config.json only
+    p = plan(hub, PAPER)
+    assert p.returncode == 1 and "interrupted download" in p.stdout and "huggingface-cli download Qwen/Qwen3-0.6B" in p.stdout
+
+
+def test_tiny_configs_need_nothing_from_the_cache(tmp_path):
+    p = plan(tmp_path / "empty-hub", ROOT / "configs" / "tiny.yaml", ROOT / "configs" / "replicate.yaml")
+    assert p.returncode == 0, p.stdout
+    assert "168 cells: 120 trained, 48 copied" in p.stdout  # seeds 0-5: 60 trained and 24 copies per replicate
+    assert "models.tiny: built here by the warm start" in p.stdout and "MISSING" not in p.stdout
+
+
+def test_cost_model_gives_the_readmes_minutes_per_paper_job():
+    cfg = cluster.load_merged([str(PAPER)])
+    assert round(cluster.estimated_minutes(cfg, "qwen3-0.6b")) == 45
+    assert round(cluster.estimated_minutes(cfg, "qwen3-1.7b")) == 70
+    assert cluster.estimated_minutes(load(SMOKE), "tiny") is None  # a CPU model: not in the GPU cost model
+
+
+def test_config_files_merge_as_snakemakes_configfiles():
+    cfg = cluster.load_merged([str(ROOT / "configs" / "tiny.yaml"), str(ROOT / "configs" / "replicate.yaml")], {"train.lr": 0.1})
+    assert cfg.grid.seeds == [0, 1, 2, 3, 4, 5] and cfg.train.lr == 0.1 and cfg.train.steps == load(ROOT / "configs" / "tiny.yaml").train.steps
+
+
+# ----------------------------------------------------------------------------- the workflow
+
+
+def test_a_dry_run_with_a_missing_model_fails_before_any_job_with_the_fetch_line(tmp_path):
+    hub = fake_hf_cache(tmp_path / "hub", models=PAPER_MODELS[:1])
+    p = snakemake_dry_run(hub, PAPER)
+    text = p.stdout
+    assert p.returncode != 0, text[-3000:]
+    assert "huggingface-cli download Qwen/Qwen3-1.7B" in text and "Nothing was submitted." in text, text[-3000:]
+    assert "largest single job" in text  # the plan comes first
+    assert "Job stats" not in text and "Building DAG" not in text  # stopped while parsing: no job exists
+
+
+def test_a_dry_run_of_the_paper_grid_prints_the_plan_first(tmp_path):
+    p = snakemake_dry_run(fake_hf_cache(tmp_path / "hub"), PAPER)
+    text = p.stdout
+    assert p.returncode == 0, text[-3000:]
+    assert text.index("168 cells: 120 trained, 48 copied") < text.index("Job stats")
+
+
+def test_a_local_dry_run_of_the_smoke_grid_needs_no_cache_and_prints_no_plan(tmp_path):
+    p = snakemake_dry_run(tmp_path / "empty-hub", SMOKE)
+    assert p.returncode == 0, (p.stdout)[-3000:]
+    assert "dlcrepro plan" not in p.stdout
+
+
+# ----------------------------------------------------------------------------- the device check
+
+
+def gpu_config(**gpu):
+    cfg = load(SMOKE)
+    cfg.models["tiny"].resources.update(gpu)
+    return cfg
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch has no CUDA device")
+def test_a_gpu_config_stops_before_anything_loads_naming_the_environment_and_the_fix(tmp_path, monkeypatch):
+    from dlcrepro import train
+
+    def must_not_run(*a, **k):
+        raise AssertionError("a model or engine was loaded before the device check")
+
+    monkeypatch.setattr(train, "Trainer", must_not_run)
+    monkeypatch.setattr(train, "load_model", must_not_run)
+    mdir = tmp_path / "model"
+    mdir.mkdir()
+    (mdir / "config.json").write_text("{}")
+    out = tmp_path / "cell"
+    with pytest.raises(cluster.DeviceError) as e:
+        train.run_cell(gpu_config(gpu=1), "tiny", "bf16", "pg", 0, out, model_dir=str(mdir))
+    msg = str(e.value)
+    assert "models.tiny.resources.gpu=1 asks for a GPU" in msg
+    assert sys.executable in msg and f"torch {torch.__version__}" in msg
+    assert "bash scripts/setup.sh --gpu" in msg and "models.tiny.resources.gpu: 0" in msg
+    assert not out.exists()  # nothing written: the job failed at once
+
+
+def test_a_cuda_torch_without_a_device_is_refused_too(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    cfg = load(SMOKE, {"resources": {"gpu": 2}})  # the config-wide default applies to the model
+    with pytest.raises(cluster.DeviceError, match=r"resources.gpu=2 asks for a GPU, but torch sees 0 CUDA device"):
+        cluster.check_device(cfg, "tiny")
+
+
+def test_a_cpu_config_passes_the_device_check():
+    cluster.check_device(load(SMOKE), "tiny")
+    cluster.check_device(gpu_config(gpu=0), "tiny")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch has no CUDA device")
+def test_a_gpu_config_job_exits_at_once_with_the_error(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    cmd = [sys.executable, "-m", "dlcrepro", "train", "--config", str(SMOKE), "--set", "models.tiny.resources.gpu=1",
+           "--model-dir", str(tmp_path / "model"), "--sampler", "bf16", "--correction", "pg", "--seed", "0", "--out", str(tmp_path / "cell")]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "error: models.tiny.resources.gpu=1 asks for a GPU" in p.stderr, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
