@@ -16,10 +16,12 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
+from .registry import resync_corrections
+
 RUN = ["model", "sampler", "correction", "seed"]
 CELL = ["model", "sampler", "correction"]
 REFERENCE = ("bf16", "pg")  # on-policy training: the run every accuracy drop is measured against
-RESYNC_CORRECTIONS = ("dlc", "is_resync")
+RESYNC_CORRECTIONS = resync_corrections()  # from the registry: dlc, is_resync
 LEAVE_FLOOR_RATIO = 2.0  # a 3-step moving average of dev/floor above this has left the floor
 LEAVE_FLOOR_WINDOW = 3
 ESS_HALF = 0.5

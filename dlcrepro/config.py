@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from .grid import SAMPLERS
+from .registry import CORRECTION_INFO
 
 
 class ConfigError(ValueError):
@@ -184,10 +185,22 @@ class TrainConfig:
     sync_every: int = field(default=64, metadata=allowed(ge=1))
     # resync when the lag ESS of a freshly sampled batch is below this (dlc, is_resync).
     resync_ess: float = field(default=0.5, metadata=allowed(ge=0, le=1))
-    # DLC's clip C on the lag ratio.
+    # C: DLC's clip on the lag ratio; tis's and center_tis's truncation of the token ratio.
     clip_c: float = field(default=2.0, metadata=allowed(gt=0))
-    # PPO clip epsilon.
+    # PPO clip epsilon (ppo, decoupled_ppo).
     ppo_eps: float = field(default=0.2, metadata=allowed(gt=0, lt=1))
+    # seq_tis's truncation and seq_mis's upper rejection threshold C_seq on the sequence ratio (verl: 2).
+    seq_clip_c: float = field(default=2.0, metadata=allowed(gt=0))
+    # seq_mis rejects a sequence whose ratio is below this (verl's Seq-MIS: 0.5).
+    seq_mis_low: float = field(default=0.5, metadata=allowed(ge=0, le=1))
+    # geo_rs keeps a sequence whose geometric-mean ratio lies in [geo_low, geo_high] (verl's Geo-RS).
+    geo_low: float = field(default=0.999, metadata=allowed(gt=0, le=1))
+    geo_high: float = field(default=1.001, metadata=allowed(ge=1))
+    # icepop keeps a token whose ratio lies in [icepop_low, icepop_high] (IcePop's α, β in Ring-1T).
+    icepop_low: float = field(default=0.5, metadata=allowed(gt=0, le=1))
+    icepop_high: float = field(default=5.0, metadata=allowed(ge=1))
+    # decoupled_ppo drops a token whose behaviour weight π_prox/π_behav exceeds this (AReaL's cap).
+    behav_weight_cap: float = field(default=5.0, metadata=allowed(gt=0))
     # PPO: SGD steps per batch.
     updates_per_batch: int = field(default=1, metadata=allowed(ge=1))
     # draw the two on-policy probe batches every this many steps (dev, floor, off_support).
@@ -360,8 +373,11 @@ def validate(cfg: Config) -> Config:
             raise ConfigError("train.eval_on='pool' needs train.pool_size >= 1 (the RL pool to evaluate on)")
         if t.pool_size > cfg.task.n_train:
             raise ConfigError(f"train.pool_size={t.pool_size}: must be in [0, task.n_train={cfg.task.n_train}]")
-    from .corrections import CORRECTIONS
+    return _check_grid_names(cfg)
 
+
+def _check_grid_names(cfg: Config) -> Config:
+    """The grid's models, samplers and corrections exist (torch-free: the registries of names)."""
     for m in cfg.grid.models:
         if m not in cfg.models:
             raise ConfigError(f"grid.models: unknown model {m!r}; known: {sorted(cfg.models)}")
@@ -369,18 +385,18 @@ def validate(cfg: Config) -> Config:
         if s not in SAMPLERS:
             raise ConfigError(f"grid.samplers: unknown sampler {s!r}; known: {list(SAMPLERS)}")
     for c in cfg.grid.corrections:
-        if c not in CORRECTIONS:
-            raise ConfigError(f"grid.corrections: unknown correction {c!r}; known: {sorted(CORRECTIONS)}")
-    readers = [c for c in cfg.grid.corrections if CORRECTIONS[c].needs_q]
+        if c not in CORRECTION_INFO:
+            raise ConfigError(f"grid.corrections: unknown correction {c!r}; known: {sorted(CORRECTION_INFO)}")
+    readers = [c for c in cfg.grid.corrections if CORRECTION_INFO[c].needs_q]
     if readers and cfg.engine.topk < 1:
         raise ConfigError(f"engine.topk={cfg.engine.topk}: {readers} read the engine's next-token distribution; it must be >= 1")
     return cfg
 
 
 def build(data: dict[str, Any]) -> Config:
-    """A typed Config from a mapping (a parsed config file), without validate()'s cross-checks
-    (which import the corrections, and with them torch): what the Snakefile needs."""
-    return _build(Config, data, "")
+    """A typed Config from a mapping (a parsed config file), with the grid's names checked but
+    without validate()'s other cross-checks: what the Snakefile needs (torch-free)."""
+    return _check_grid_names(_build(Config, data, ""))
 
 
 def load(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:

@@ -1,43 +1,49 @@
 """The corrections (docs/method.md#corrections): one registry of pure tensor functions.
 
 Each correction maps the per-token quantities of a batch to a scalar surrogate loss whose
-gradient is the correction's update direction (mean over all N response tokens of the batch).
+gradient is the correction's update direction (mean over all N response tokens of the batch),
+and to the weight it put on each token's term (for its diagnostics, `weight_diagnostics`).
 Score centring works in logit space: with z the trainer logits at a prefix,
 ∇_θ log π(y) = Jᵀ(onehot(y) − π), so the centred score c(y) = ∇ℓ(y) − Σ_v q̃(v) ∇ℓ(v) is
 Jᵀ(onehot(y) − q̃) — the surrogate ⟨sg(onehot(y) − q̃), z⟩ yields it with one backward pass.
 
-Adding a correction: write `fn(t: TokenTerms, p: CorrectionParams) -> loss` and decorate it with
-`@register_correction("name")`; the grid picks it up by name. A loss that reads `t.q` (the engine's
-distribution) registers with `needs_q=True`: the other corrections' runs skip that work. Where it
-takes exactly another correction's update under some condition (as `ppo` takes `pg`'s at one
-update per batch), a rule in `grid.SAME_AS` lets the workflow copy that cell instead of training
-it again.
+Adding a correction: an entry in `registry.CORRECTION_INFO` (its name and flags) and a function
+`fn(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss` decorated with
+`@register_correction("name")`; the grid, the tables and the figures take it by name. A threshold
+it needs is a field of `CorrectionParams` and of `config.TrainConfig` (same name). Where it takes
+exactly another correction's update under some condition (as `ppo` takes `pg`'s at one update per
+batch), a rule in `grid.SAME_AS` lets the workflow copy that cell instead of training it again.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable
 
 import torch
 
+from .registry import CORRECTION_INFO, CorrectionInfo
+
 sg = torch.Tensor.detach
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TokenTerms:
-    """Everything a correction may use, one row per response token of the batch.
+    """Everything a correction may use, one row per response token of a (micro-)batch.
+    Same-shaped tensors, so built by keyword only: a swap cannot pass unnoticed.
 
     logits: `(N, V)` trainer logits at θ_t (carries the gradient).
     tokens: `(N,)` sampled token ids.
     adv: `(N,)` advantage of the token's response.
-    e: `(N,)` log q(y|p; θ_s), the engine's own log-prob.
+    e: `(N,)` log q(y|p; θ_s), the engine's own log-prob (the behaviour policy).
     a: `(N,)` log π(y|p; θ_s), trainer numerics at the sampler's weights.
-    old: `(N,)` log π(y|p; θ_old), the trainer before this batch (PPO's reference).
+    old: `(N,)` log π(y|p; θ_old), the trainer before this batch's SGD steps (PPO's reference).
     q: `(N, V)` the engine's next-token distribution at each prefix (rows sum to 1); None unless
-      the correction is registered with `needs_q=True` (only then does the engine return its
-      top-k log-probs and the trainer build this full-vocabulary tensor).
+      the correction is registered with `needs_q` (only then does the engine return its top-k
+      log-probs and the trainer build this full-vocabulary tensor).
     logp_s: `(N, V)` trainer log π(·|p; θ_s) over the vocabulary (for λ_v).
+    seq: `(N,)` the token's sequence, 0 … num_seqs − 1 (a micro-batch always holds whole sequences).
+    num_seqs: the number of sequences.
     """
 
     logits: torch.Tensor
@@ -48,38 +54,88 @@ class TokenTerms:
     old: torch.Tensor
     q: torch.Tensor | None
     logp_s: torch.Tensor
+    seq: torch.Tensor
+    num_seqs: int
 
     def logp(self) -> torch.Tensor:
         """`(N, V)` trainer log π(·|p; θ_t), float32."""
         return torch.log_softmax(self.logits.float(), dim=-1)
 
+    def replace(self, **changes) -> "TokenTerms":
+        return TokenTerms(**{f.name: getattr(self, f.name) for f in fields(self)} | changes)
+
+
+@dataclass(frozen=True)
+class TokenWeights:
+    """What a correction did to each token's term A·∇ℓ(y) (or A·c(y)): for its diagnostics only.
+
+    weight: `(N,)` the factor the term was multiplied by (0 where masked), no gradient.
+    clipped: `(N,)` bool, the factor was truncated at a threshold (None: never).
+    masked: `(N,)` bool, the term was dropped (None: never).
+    """
+
+    weight: torch.Tensor
+    clipped: torch.Tensor | None = None
+    masked: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class CorrectionLoss:
+    """A correction's surrogate loss on a micro-batch and what it did to each token.
+
+    `kept`: the number of tokens the loss is a mean over, where that is not all N of them (a
+    rejection that renormalizes by the tokens it keeps, as verl's does); the trainer then weights
+    each micro-batch by its kept tokens, so that a batch in several micro-batches has the
+    one-batch gradient."""
+
+    loss: torch.Tensor
+    weights: TokenWeights
+    kept: int | None = None
+
 
 @dataclass(frozen=True)
 class CorrectionParams:
+    """The corrections' thresholds: each a key of the config's `train` section, same name."""
+
     clip_c: float = 2.0
     ppo_eps: float = 0.2
+    seq_clip_c: float = 2.0
+    seq_mis_low: float = 0.5
+    geo_low: float = 0.999
+    geo_high: float = 1.001
+    icepop_low: float = 0.5
+    icepop_high: float = 5.0
+    behav_weight_cap: float = 5.0
+
+    @classmethod
+    def from_train(cls, tcfg) -> "CorrectionParams":
+        return cls(**{f.name: getattr(tcfg, f.name) for f in fields(cls)})
 
 
 @dataclass(frozen=True)
 class Correction:
-    name: str
-    fn: Callable[[TokenTerms, CorrectionParams], torch.Tensor]
-    # resynchronize the sampler when the lag ESS of a fresh batch falls below `resync_ess`.
-    resync: bool = False
-    # the loss depends on θ_old (PPO): several SGD steps per batch are meaningful.
-    multi_update: bool = False
-    # the loss reads `t.q`, the engine's next-token distribution (its top-k log-probs).
-    needs_q: bool = False
+    info: CorrectionInfo
+    fn: Callable[[TokenTerms, CorrectionParams], CorrectionLoss]
+
+    name = property(lambda self: self.info.name)
+    resync = property(lambda self: self.info.resync)
+    multi_update = property(lambda self: self.info.multi_update)
+    needs_q = property(lambda self: self.info.needs_q)
+    needs_sequences = property(lambda self: self.info.needs_sequences)
 
 
 CORRECTIONS: dict[str, Correction] = {}
 
 
-def register_correction(name: str, *, resync: bool = False, multi_update: bool = False, needs_q: bool = False):
+def register_correction(name: str):
+    """Register `fn` under `name`, which must be listed in `registry.CORRECTION_INFO` (its flags)."""
+
     def deco(fn):
         if name in CORRECTIONS:
             raise ValueError(f"correction {name!r} registered twice")
-        CORRECTIONS[name] = Correction(name, fn, resync, multi_update, needs_q)
+        if name not in CORRECTION_INFO:
+            raise ValueError(f"correction {name!r} has no entry in registry.CORRECTION_INFO (its name and flags)")
+        CORRECTIONS[name] = Correction(CORRECTION_INFO[name], fn)
         return fn
 
     return deco
@@ -116,64 +172,236 @@ def token_logp(t: TokenTerms) -> torch.Tensor:
     return t.logp().gather(-1, t.tokens[:, None]).squeeze(-1)
 
 
+
+
+def per_sequence_sum(x: torch.Tensor, t: TokenTerms) -> torch.Tensor:
+    """`(num_seqs,)` the sum of a per-token `(N,)` quantity over each sequence's tokens."""
+    return torch.zeros(t.num_seqs, dtype=x.dtype, device=x.device).index_add_(0, t.seq, x)
+
+
+def per_sequence_mean(x: torch.Tensor, t: TokenTerms) -> torch.Tensor:
+    counts = torch.bincount(t.seq, minlength=t.num_seqs).clamp_min(1).to(x.dtype)
+    return per_sequence_sum(x, t) / counts
+
+
+def weighted_pg(t: TokenTerms, b: torch.Tensor, weight: torch.Tensor, clipped=None, masked=None) -> CorrectionLoss:
+    """−mean(sg(weight)·A·b), b = log π(y; θ_t) with gradient: the policy gradient with a fixed
+    factor per token."""
+    weight = sg(weight)
+    return CorrectionLoss(-(weight * t.adv * b).mean(), TokenWeights(weight, clipped, masked))
+
+
+def kept_mean_pg(t: TokenTerms, b: torch.Tensor, weight: torch.Tensor, drop: torch.Tensor) -> CorrectionLoss:
+    """−Σ_kept sg(weight)·A·b / (tokens kept): a rejection that leaves the mean's denominator too."""
+    weight = sg(torch.where(drop, torch.zeros_like(weight), weight))
+    kept = int((~drop).sum())
+    return CorrectionLoss(-(weight * t.adv * b).sum() / max(kept, 1), TokenWeights(weight, masked=drop), kept=kept)
+
+
+def ppo_surrogate(t: TokenTerms, b: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(N,)` PPO's clipped surrogate min(r·A, clip(r, 1 ± ε)·A), r = π(θ)/π(θ_old) = exp(b − old);
+    the ratio (no gradient); and where the clipped side is the minimum (that token has no gradient)."""
+    ratio = torch.exp(b - t.old)
+    clipped = torch.clamp(ratio, 1 - eps, 1 + eps)
+    surrogate = torch.minimum(ratio * t.adv, clipped * t.adv)
+    return surrogate, sg(ratio), sg(clipped * t.adv < ratio * t.adv)
+
+
+def ones(t: TokenTerms) -> TokenWeights:
+    return TokenWeights(torch.ones_like(t.adv))
+
+
 # ----------------------------------------------------------------------------- the registry
+# The paper's corrections and controls.
 
 
 @register_correction("pg")
-def pg(t: TokenTerms, p: CorrectionParams) -> torch.Tensor:
+def pg(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
     """A · ∇ℓ(y): plain policy gradient, as if the engine's samples were on-policy."""
-    return -(t.adv * token_logp(t)).mean()
+    return weighted_pg(t, token_logp(t), torch.ones_like(t.adv))
 
 
-@register_correction("center", needs_q=True)
-def center(t: TokenTerms, p: CorrectionParams) -> torch.Tensor:
+@register_correction("center")
+def center(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
     """A · c(y), q̃ = q: per-prefix score centring under the engine's own distribution."""
-    return -(t.adv * centred_score_surrogate(t.logits, t.tokens, t.q)).mean()
+    return CorrectionLoss(-(t.adv * centred_score_surrogate(t.logits, t.tokens, t.q)).mean(), ones(t))
 
 
 @register_correction("is")
-def importance_sampling(t: TokenTerms, p: CorrectionParams) -> torch.Tensor:
+def importance_sampling(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
     """sg(exp(b − e)) · A · ∇ℓ(y): untruncated token ratio against the engine."""
     b = token_logp(t)
-    return -(torch.exp(sg(b) - t.e) * t.adv * b).mean()
+    return weighted_pg(t, b, torch.exp(sg(b) - t.e))
 
 
-@register_correction("is_center", needs_q=True)
-def is_center(t: TokenTerms, p: CorrectionParams) -> torch.Tensor:
+@register_correction("is_center")
+def is_center(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
     """sg(exp(b − a)) · A · c(y), q̃ ∝ q · exp(λ_v): untruncated lag ratio with centring."""
     lam = lag_all(t)
     w = torch.exp(lam.gather(-1, t.tokens[:, None]).squeeze(-1))
-    return -(w * t.adv * centred_score_surrogate(t.logits, t.tokens, reweighted(t.q, torch.exp(lam)))).mean()
+    loss = -(w * t.adv * centred_score_surrogate(t.logits, t.tokens, reweighted(t.q, torch.exp(lam)))).mean()
+    return CorrectionLoss(loss, TokenWeights(w))
 
 
-@register_correction("ppo", multi_update=True)
-def ppo(t: TokenTerms, p: CorrectionParams) -> torch.Tensor:
+@register_correction("ppo")
+def ppo(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
     """PPO clipped surrogate, ratio π(θ)/π(θ_old), θ_old = the trainer before this batch."""
-    ratio = torch.exp(token_logp(t) - t.old)
-    unclipped = ratio * t.adv
-    clipped = torch.clamp(ratio, 1 - p.ppo_eps, 1 + p.ppo_eps) * t.adv
-    return -torch.minimum(unclipped, clipped).mean()
+    surrogate, ratio, off = ppo_surrogate(t, token_logp(t), p.ppo_eps)
+    return CorrectionLoss(-surrogate.mean(), TokenWeights(ratio * ~off, clipped=off))
 
 
-@register_correction("dlc", resync=True, needs_q=True)
-def dlc(t: TokenTerms, p: CorrectionParams) -> torch.Tensor:
+@register_correction("dlc")
+def dlc(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
     """sg(min(exp(b − a), C)) · A · c(y), q̃ ∝ q · min(exp(λ_v), C); plus resync."""
-    clipped = torch.clamp(torch.exp(lag_all(t)), max=p.clip_c)
+    ratio = torch.exp(lag_all(t))
+    clipped = torch.clamp(ratio, max=p.clip_c)
     w = clipped.gather(-1, t.tokens[:, None]).squeeze(-1)
-    return -(w * t.adv * centred_score_surrogate(t.logits, t.tokens, reweighted(t.q, clipped))).mean()
+    loss = -(w * t.adv * centred_score_surrogate(t.logits, t.tokens, reweighted(t.q, clipped))).mean()
+    return CorrectionLoss(loss, TokenWeights(w, clipped=ratio.gather(-1, t.tokens[:, None]).squeeze(-1) > p.clip_c))
 
 
-@register_correction("is_resync", resync=True)
-def is_resync(t: TokenTerms, p: CorrectionParams) -> torch.Tensor:
+@register_correction("is_resync")
+def is_resync(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
     """`is` plus the same resynchronization rule as DLC."""
     return importance_sampling(t, p)
 
 
+# ----------------------------------------------------------------------------- the corrections practitioners run
+# Each follows its publication; ρ_tok = exp(b − e), ρ_seq = exp(Σ_seq (b − e)), all without gradient.
+
+
 @register_correction("tis")
-def truncated_is(t: TokenTerms, p: CorrectionParams) -> torch.Tensor:
-    """sg(min(exp(b − e), C)) · A · ∇ℓ(y): token ratio against the engine, truncated at C."""
+def truncated_is(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
+    """sg(min(ρ_tok, C)) · A · ∇ℓ(y): token ratio against the engine, truncated at C (`clip_c`)."""
     b = token_logp(t)
-    return -(torch.clamp(torch.exp(sg(b) - t.e), max=p.clip_c) * t.adv * b).mean()
+    rho = torch.exp(sg(b) - t.e)
+    return weighted_pg(t, b, torch.clamp(rho, max=p.clip_c), clipped=rho > p.clip_c)
+
+
+@register_correction("seq_tis")
+def sequence_truncated_is(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
+    """sg(min(ρ_seq, C_seq)) · A · ∇ℓ(y) on every token of the sequence (C_seq: `seq_clip_c`)."""
+    b = token_logp(t)
+    rho = torch.exp(per_sequence_sum(sg(b) - t.e, t))[t.seq]
+    return weighted_pg(t, b, torch.clamp(rho, max=p.seq_clip_c), clipped=rho > p.seq_clip_c)
+
+
+@register_correction("seq_mis")
+def sequence_masked_is(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
+    """1[L ≤ ρ_seq ≤ C_seq] · ρ_seq · A · ∇ℓ(y) (L: `seq_mis_low`, C_seq: `seq_clip_c`), the mean
+    over the kept tokens: verl's Seq-MIS preset (`RolloutCorrectionConfig.decoupled_seq_is_rs`:
+    sequence IS truncated at 2 plus rejection of ρ_seq outside [0.5, 2] through the response mask,
+    so a rejected sequence leaves the token mean's denominator). The issue that asked for it had
+    no lower bound; verl's has one. L = 0, C_seq = ∞ is sequence-level IS."""
+    b = token_logp(t)
+    rho = torch.exp(per_sequence_sum(sg(b) - t.e, t))[t.seq]
+    return kept_mean_pg(t, b, rho, (rho > p.seq_clip_c) | (rho < p.seq_mis_low))
+
+
+@register_correction("geo_rs")
+def geometric_rejection(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
+    """A · ∇ℓ(y) for a sequence whose geometric-mean ratio exp(mean_seq(b − e)) lies in
+    [`geo_low`, `geo_high`], the mean over the kept tokens; the others are rejected. verl's
+    Geo-RS preset (`decoupled_geo_rs`: `seq_mean_k1` at 0.999_1.001, no IS weight)."""
+    b = token_logp(t)
+    g = torch.exp(per_sequence_mean(sg(b) - t.e, t))[t.seq]
+    return kept_mean_pg(t, b, torch.ones_like(g), (g < p.geo_low) | (g > p.geo_high))
+
+
+@register_correction("icepop")
+def icepop(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
+    """IcePop (Ring-1T, arXiv 2510.18855, "IcePop: discard all noisy gradient updates"):
+    M(k) · min(r·A, clip(r, 1 ± ε)·A) with k = π_train(θ_old)/π_infer = exp(old − e),
+    M(k) = k on [α, β] (`icepop_low` 0.5, `icepop_high` 5, the paper's recipe) and 0 outside,
+    r = exp(b − old). A dropped token stays in the token mean's denominator (as slime's
+    `icepop_function`). At one SGD step per batch r = 1: 1[α ≤ ρ_tok ≤ β] · ρ_tok · A · ∇ℓ(y)."""
+    b = token_logp(t)
+    k = torch.exp(t.old - t.e)
+    drop = (k < p.icepop_low) | (k > p.icepop_high)
+    k = torch.where(drop, torch.zeros_like(k), k)
+    surrogate, ratio, off = ppo_surrogate(t, b, p.ppo_eps)
+    return CorrectionLoss(-(k * surrogate).mean(), TokenWeights(k * ratio * ~off, clipped=off, masked=drop))
+
+
+@register_correction("decoupled_ppo")
+def decoupled_ppo(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
+    """AReaL's decoupled PPO (areal/utils/functional `ppo_actor_loss_fn`): the behaviour policy
+    is the engine (e); the proximal policy is the trainer recomputed at the current parameters
+    before this batch's SGD steps (`old`), as AReaL's default `prox_logp_method="recompute"` does,
+    not θ_s as the issue that asked for it read it. Loss: π_prox/π_behav · min(u·A, clip(u, 1 ± ε)·A),
+    u = exp(b − old), ε = `ppo_eps`; a token whose weight exp(old − e) exceeds `behav_weight_cap`
+    (5, AReaL's `behave_imp_weight_cap` token mask) is dropped and stays in the token mean's
+    denominator. At one SGD step per batch u = 1: the engine-ratio IS with the cap as a mask."""
+    behav = torch.exp(t.old - t.e)
+    drop = behav > p.behav_weight_cap
+    behav = torch.where(drop, torch.zeros_like(behav), behav)
+    surrogate, ratio, off = ppo_surrogate(t, token_logp(t), p.ppo_eps)
+    return CorrectionLoss(-(behav * surrogate).mean(), TokenWeights(behav * ratio * ~off, clipped=off, masked=drop))
+
+
+@register_correction("center_tis")
+def center_tis(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
+    """Score centring with truncated IS (SC+TIS, "Score centering stabilizes off-policy RL",
+    arXiv:2609.20807, as its torchtitan `ScoreCenteringLoss` computes it): with w(v) =
+    min(π(v; θ_t)/q(v), C) (C: `clip_c`, 2 there), the term is
+        A · [w(y) ∇ℓ(y) − Σ_v q(v) w(v) ∇ℓ(v)],
+    the truncated-IS score minus its exact expectation under the engine at the prefix: a
+    control variate, zero-mean per prefix. In logit space its direction is
+    w(y)·onehot(y) − m − (w(y) − Σ m)·π with m = q·w. The issue that asked for it read it as
+    `center` with q̃ ∝ q·min(exp(λ), C) times min(ρ_tok, C); this follows the publication. Its
+    tail outside the engine's top-k is spread like θ_s (`engine_distribution`), where the
+    publication lumps the tail into one term: the same where k covers the vocabulary."""
+    logp = t.logp()
+    pi = torch.exp(sg(logp))
+    w_all = torch.clamp(pi / t.q.clamp_min(1e-30), max=p.clip_c)
+    m = t.q * w_all
+    w = w_all.gather(-1, t.tokens[:, None]).squeeze(-1)
+    onehot = torch.nn.functional.one_hot(t.tokens, t.logits.shape[-1]).to(pi.dtype)
+    direction = w[:, None] * onehot - m - (w - m.sum(-1))[:, None] * pi
+    loss = -(t.adv * (sg(direction) * t.logits.float()).sum(-1)).mean()
+    rho = torch.exp(sg(logp.gather(-1, t.tokens[:, None]).squeeze(-1)) - t.e)
+    return CorrectionLoss(loss, TokenWeights(w, clipped=rho > p.clip_c))
+
+
+# ----------------------------------------------------------------------------- diagnostics
+
+DIAGNOSTIC_COLUMNS = ("corr_weight_mean", "corr_weight_max", "corr_clipped_share", "corr_masked_share", "corr_masked_seq_share", "corr_nonfinite")
+
+
+def weight_diagnostics(w: TokenWeights, seq: torch.Tensor, num_seqs: int) -> dict[str, float]:
+    """The correction's per-step diagnostics over a whole batch (`w` and `seq` concatenated over
+    its micro-batches): mean and max token weight (over finite weights), the share of tokens whose
+    weight was truncated, the share of tokens and of sequences dropped whole, and how many weights
+    are not finite."""
+    weight = w.weight.detach().double().cpu()
+    finite = torch.isfinite(weight)
+    n = max(weight.numel(), 1)
+    share = lambda m: float(m.sum()) / n if m is not None else 0.0  # noqa: E731
+    masked_seqs = 0.0
+    if w.masked is not None and num_seqs:
+        seq = seq.cpu()
+        kept_tokens = torch.bincount(seq[~w.masked.cpu()], minlength=num_seqs)
+        has_tokens = torch.bincount(seq, minlength=num_seqs) > 0
+        masked_seqs = float(((kept_tokens == 0) & has_tokens).sum()) / max(int(has_tokens.sum()), 1)
+    return {
+        "corr_weight_mean": float(weight[finite].mean()) if finite.any() else float("nan"),
+        "corr_weight_max": float(weight[finite].max()) if finite.any() else float("nan"),
+        "corr_clipped_share": share(w.clipped.cpu() if w.clipped is not None else None),
+        "corr_masked_share": share(w.masked.cpu() if w.masked is not None else None),
+        "corr_masked_seq_share": masked_seqs,
+        "corr_nonfinite": float((~finite).sum()),
+    }
+
+
+def concat_weights(parts: list[TokenWeights]) -> TokenWeights:
+    """One TokenWeights for a batch from its micro-batches' (in token order)."""
+    cat = lambda xs: torch.cat([x.detach().cpu() for x in xs])  # noqa: E731
+    flags = {}
+    for name in ("clipped", "masked"):
+        got = [getattr(w, name) for w in parts]
+        flags[name] = None if all(x is None for x in got) else cat(
+            [x if x is not None else torch.zeros_like(w.weight, dtype=torch.bool) for x, w in zip(got, parts)])
+    return TokenWeights(cat([w.weight for w in parts]), **flags)
 
 
 # ----------------------------------------------------------------------------- the engine's distribution

@@ -136,10 +136,12 @@ def check_corrections(dev: torch.device) -> str:
         b = torch.log_softmax(logits.detach(), -1).gather(-1, tokens.to(device)[:, None]).squeeze(-1)
         ls = logp_s.to(device)
         q = engine_distribution(topi.to(device), topv.to(device), ls)
-        terms = TokenTerms(logits, tokens.to(device), adv.to(device), e.to(device), ls.gather(-1, tokens.to(device)[:, None]).squeeze(-1), b, q, ls)
+        tok = tokens.to(device)
+        terms = TokenTerms(logits=logits, tokens=tok, adv=adv.to(device), e=e.to(device), a=ls.gather(-1, tok[:, None]).squeeze(-1),
+                           old=b, q=q, logp_s=ls, seq=torch.arange(n, device=device) // 4, num_seqs=n // 4)
         out = {}
         for name, c in CORRECTIONS.items():
-            (grad,) = torch.autograd.grad(c.fn(terms, CorrectionParams()), w, retain_graph=True)
+            (grad,) = torch.autograd.grad(c.fn(terms, CorrectionParams()).loss, w, retain_graph=True)
             out[name] = grad.cpu().double()
         return out
 
@@ -323,13 +325,13 @@ def learner_step(learner, scored, probes, rollout) -> dict[str, float]:
         t = time.perf_counter()
 
     s = scored
-    a, b, _, kept = learner.log_probs(s, synced=False)
+    lp = learner.log_probs(s, synced=False)
     lap("logprobs")
     g_on, g_on2, _ = learner.probe(probes)
     lap("probe")
     e = rollout.engine_logp.to(dev)
-    g_c = learner.correction_grad(s, rollout, e, a, b, False, kept)
-    del kept
+    g_c, _ = learner.correction_grad(s, rollout, e, lp, False, lp.kept)
+    lp.kept = None
     lap("correction")
     learner._apply(g_c)
     dev_, floor = squared_distance(g_c, g_on), squared_distance(g_on, g_on2)

@@ -304,10 +304,10 @@ def _repetition(tr, synced: bool, corrections: list[str], n: int, rep: int, seed
     idx, prompts = _draw_prompts(tr, n, derive_seed(seed, rep, f"{tag}/prompts"))
     rollout = tr.engine.generate(prompts, k, derive_seed(seed, rep, f"{tag}/sample"), tr.topk)
     s = tr.score(rollout, idx)
-    a, b, kl_sampler, kept = tr.log_probs(s, synced)
-    del kept  # a kept graph is freed by the first correction's backward: each correction recomputes θ_t's logits
+    lp = tr.log_probs(s, synced)
+    lp.kept = None  # a kept graph is freed by the first correction's backward: each correction recomputes θ_t's logits
     e = rollout.engine_logp.to(tr.device)
-    mism = mismatch_metrics(e.cpu(), a.cpu(), b.cpu(), s.tb.seq.cpu(), s.tb.num_seqs)
+    mism = mismatch_metrics(e.cpu(), lp.a.cpu(), lp.b.cpu(), s.tb.seq.cpu(), s.tb.num_seqs)
     both = tr.probe_engine.generate(prompts + prompts, k, derive_seed(seed, rep, f"{tag}/probes"))
     probes = [tr.score(r, idx) for r in both.split(len(prompts))]
     g_on, g_on2, off_support = tr.probe(probes)
@@ -316,14 +316,14 @@ def _repetition(tr, synced: bool, corrections: list[str], n: int, rep: int, seed
         "probe_tokens": float(np.mean([p.tb.tokens.numel() for p in probes])),
         "response_len_mean": float(rollout.lengths.double().mean()), "reward_mean": float(s.rewards.mean()),
         **success_metrics(s.rewards, rollout.group, n),
-        "floor": squared_distance(g_on, g_on2), "ess_lag": mism["ess_lag"], "kl_sampler": kl_sampler,
+        "floor": squared_distance(g_on, g_on2), "ess_lag": mism["ess_lag"], "kl_sampler": lp.kl_sampler,
         "discrepancy_mean_abs": mism["discrepancy_mean_abs"], "lag_mean_abs": mism["lag_mean_abs"], "off_support": off_support,
     }
     rows = []
     for c in corrections:
         tr.correction = get_correction(c)  # the one Learner attribute correction_grad reads
-        g_c = tr.correction_grad(s, rollout, e, a, b, synced, None)
-        rows.append({"correction": c, **base, "dev": squared_distance(g_c, g_on)})
+        g_c, diagnostics = tr.correction_grad(s, rollout, e, lp, synced, None)
+        rows.append({"correction": c, **base, "dev": squared_distance(g_c, g_on), **diagnostics})
     sec = time.perf_counter() - t0
     return [r | {"seconds": sec} for r in rows]
 

@@ -28,7 +28,7 @@ from tqdm import tqdm
 from . import analysis, countdown, data
 from .cluster import check_device
 from .config import Config, ConfigError, to_dict
-from .corrections import CorrectionParams, TokenTerms, engine_distribution, get_correction
+from .corrections import CorrectionParams, TokenTerms, concat_weights, engine_distribution, get_correction, weight_diagnostics
 from .diagnostics import dev_ratio, kl_rows, mismatch_metrics, off_support_share, squared_distance
 from .engine import Rollout, VLLMEngine
 from .grid import computed_as, get_sampler
@@ -100,6 +100,26 @@ class Cell:
     initial: dict = field(default_factory=dict)  # the accuracies of θ_0, measured before step 1
 
 
+@dataclass
+class KeptLogits:
+    """θ_t's logits of a one-micro-batch batch, with their graph, and θ_s's log-distribution:
+    computed for the log-probs, reused by the correction."""
+
+    logits_t: torch.Tensor
+    logp_s: torch.Tensor
+
+
+@dataclass
+class BatchLogProbs:
+    """The trainer's view of a sampled batch: `a` `(N,)` log π(y; θ_s) and `b` `(N,)` log π(y; θ_t)
+    (no gradient), the mean KL(π_θs ‖ π_θt) per prefix, and the kept logits (None: recompute)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    kl_sampler: float
+    kept: KeptLogits | None
+
+
 class Learner:
     """The trainer's models and their micro-batched math, with no engine and no data: θ_t
     (`policy`, updated by SGD), θ_s (`sampler_model`, the copy the sampler holds) and θ_0
@@ -111,7 +131,7 @@ class Learner:
     def __init__(self, policy: torch.nn.Module, tcfg, correction: str, trainer_dtype: str, device: torch.device):
         self.tcfg, self.device = tcfg, device
         self.correction = get_correction(correction)
-        self.cparams = CorrectionParams(clip_c=tcfg.clip_c, ppo_eps=tcfg.ppo_eps)
+        self.cparams = CorrectionParams.from_train(tcfg)
         self.autocast = torch.bfloat16 if trainer_dtype == "bfloat16" else None
         self.policy = policy.to(device)
         self.policy.train()
@@ -155,7 +175,7 @@ class Learner:
         with torch.no_grad():
             return torch.log_softmax(self.logits(self.sampler_model, sub), -1)
 
-    def log_probs(self, s: Scored, synced: bool) -> tuple[torch.Tensor, torch.Tensor, float, tuple | None]:
+    def log_probs(self, s: Scored, synced: bool) -> "BatchLogProbs":
         """Trainer log-probs of the sampled tokens at θ_s (a) and θ_t (b), and the mean
         full-vocabulary KL(π_θs ‖ π_θt) over the batch's prefixes.
 
@@ -176,16 +196,19 @@ class Learner:
             b.append(logp_t.gather(-1, tok).squeeze(-1))
             kl += float(kl_rows(logp_s, logp_t).sum())
             if keep:
-                kept = (logits_t, logp_s)
-        return torch.cat(a), torch.cat(b), kl / max(s.tb.tokens.numel(), 1), kept
+                kept = KeptLogits(logits_t, logp_s)
+        return BatchLogProbs(a=torch.cat(a), b=torch.cat(b), kl_sampler=kl / max(s.tb.tokens.numel(), 1), kept=kept)
 
-    def correction_grad(self, s: Scored, rollout: Rollout, e, a, b, synced: bool, kept: tuple | None) -> torch.Tensor:
-        """The correction's update direction: the gradient of its token-mean loss, summed over
-        micro-batches (each chunk's loss weighted by its share of the batch's tokens)."""
-        n, g = s.tb.tokens.numel(), None
+    def correction_grad(self, s: Scored, rollout: Rollout, e: torch.Tensor, lp: "BatchLogProbs", synced: bool,
+                        kept: "KeptLogits | None") -> tuple[torch.Tensor, dict[str, float]]:
+        """The correction's update direction (the gradient of its token-mean loss, summed over
+        micro-batches, each chunk's loss weighted by its share of the batch's tokens) and its
+        diagnostics over the batch (`corrections.weight_diagnostics`). θ_old is `lp.b`, the
+        trainer before this batch."""
+        n, g, weights, kept_tokens = s.tb.tokens.numel(), None, [], 0
         for sub, sl in s.tb.chunks(self.tcfg.micro_batch):
             if kept is not None:
-                logits_t, logp_s = kept
+                logits_t, logp_s = kept.logits_t, kept.logp_s
             else:  # θ at this moment (PPO's later epochs see the updated θ), θ_s as sampled
                 # (`synced`: θ_t still equals θ_s, so its distribution is θ_s's)
                 logits_t = self.logits(self.policy, sub)
@@ -193,10 +216,17 @@ class Learner:
             q = None
             if self.correction.needs_q:
                 q = engine_distribution(rollout.topk_ids[sl].to(self.device), rollout.topk_logp[sl].to(self.device), logp_s)
-            terms = TokenTerms(logits_t, sub.tokens, s.adv_tok[sl], e[sl], a[sl], b[sl], q, logp_s)
-            gi = flat_grad(self.correction.fn(terms, self.cparams) * (sub.tokens.numel() / n), self.params)
+            terms = TokenTerms(logits=logits_t, tokens=sub.tokens, adv=s.adv_tok[sl], e=e[sl], a=lp.a[sl], old=lp.b[sl],
+                               q=q, logp_s=logp_s, seq=sub.seq, num_seqs=sub.num_seqs)
+            out = self.correction.fn(terms, self.cparams)
+            share = sub.tokens.numel() if out.kept is None else out.kept  # the tokens its mean is over
+            gi = flat_grad(out.loss * (share / n), self.params)
             g = gi if g is None else g.add_(gi)
-        return g
+            weights.append(out.weights)
+            kept_tokens += share
+        if kept_tokens != n:  # a mean over the kept tokens only: Σ_chunks (chunk sum) / (all kept)
+            g.mul_(n / max(kept_tokens, 1))
+        return g, weight_diagnostics(concat_weights(weights), s.tb.seq, s.tb.num_seqs)
 
     def _apply(self, g: torch.Tensor) -> None:
         offset = 0
@@ -293,9 +323,9 @@ class Trainer(Learner):
                 s = self.score(rollout, idx)
             with timer("logprobs"):
                 synced = cell.sampler_version == cell.step  # θ_s is θ_t
-                a, b, kl_sampler, kept = self.log_probs(s, synced)
+                lp = self.log_probs(s, synced)
                 e = rollout.engine_logp.to(self.device)
-                mism = mismatch_metrics(e.cpu(), a.cpu(), b.cpu(), s.tb.seq.cpu(), s.tb.num_seqs)
+                mism = mismatch_metrics(e.cpu(), lp.a.cpu(), lp.b.cpu(), s.tb.seq.cpu(), s.tb.num_seqs)
             with timer("resync"):
                 if self.correction.resync and not resync and mism["ess_lag"] < t.resync_ess:
                     self.sync_sampler(cell)
@@ -308,7 +338,7 @@ class Trainer(Learner):
         row.update(success_metrics(s.rewards, rollout.group, len(idx)))
         row["response_len_mean"] = float(rollout.lengths.double().mean())
         row.update(mism)
-        row["kl_sampler"] = kl_sampler
+        row["kl_sampler"] = lp.kl_sampler
 
         probing = k % t.probe_every == 0 or k == t.steps  # the last step too: its eval needs its off-support
         with timer("probe"):
@@ -322,15 +352,16 @@ class Trainer(Learner):
         with timer("correction"):
             updates = t.updates_per_batch if self.correction.multi_update else 1
             theta_before = flat_params(self.params) if updates > 1 else None
-            g_c = self.correction_grad(s, rollout, e, a, b, synced, kept)
-            del kept
+            g_c, diagnostics = self.correction_grad(s, rollout, e, lp, synced, lp.kept)
+            lp.kept = None  # frees the kept graph's logits
+            row.update(diagnostics)
             check_finite(k, {**row, "update direction": float(g_c.abs().max())})
 
         with timer("update"):
             for u in range(updates):
                 # PPO's further epochs: fresh logits at the current θ, the same θ_old (b); θ has
                 # moved, so θ_s's distribution comes from the sampler's copy even when it was synced
-                g_u = g_c if u == 0 else self.correction_grad(s, rollout, e, a, b, False, None)
+                g_u = g_c if u == 0 else self.correction_grad(s, rollout, e, lp, False, None)[0]
                 self._apply(g_u)
             if updates > 1:  # the run's update direction over all its SGD steps
                 g_c = (theta_before - flat_params(self.params)) / t.lr
@@ -473,6 +504,20 @@ def finished_as(cell: Path, meta: dict, cfg: Config) -> bool:
     return ran.get("cell") == want["cell"] and ran.get("config") == want["config"] and "computed_as" not in ran
 
 
+@contextmanager
+def cell_log(path: Path):
+    """`note(msg)`: `msg` on stderr and, time-stamped, on a line of the cell's log file, which is
+    closed however the block ends."""
+    with open(path, "a") as f:
+
+        def note(msg: str) -> None:
+            log(msg)
+            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}\n")
+            f.flush()
+
+        yield note
+
+
 def copy_cell(src: Path, out: Path, meta: dict, cfg: Config, why: str) -> dict:
     """Write the cell `meta` as the finished run in `src`, which computes the same numbers bit for
     bit (grid.computed_as says why): its metrics table byte for byte, its summary under this cell's
@@ -482,64 +527,65 @@ def copy_cell(src: Path, out: Path, meta: dict, cfg: Config, why: str) -> dict:
     atomic_save(out / METRICS_FILE, lambda tmp: shutil.copyfile(src / METRICS_FILE, tmp))
     summary = {**json.loads((src / SUMMARY_FILE).read_text()), **meta, "computed_as": str(src), "why": why}
     summary["wall_seconds"] = round(time.perf_counter() - t0, 3)
-    msg = f"{out} is the run in {src} ({why}): metrics copied, not recomputed"
-    log(msg)
-    with open(out / LOG_FILE, "a") as f:
-        f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}\n")
+    with cell_log(out / LOG_FILE) as note:
+        note(f"{out} is the run in {src} ({why}): metrics copied, not recomputed")
     atomic_write_text(out / SUMMARY_FILE, json.dumps(summary, indent=1))
     return summary
 
 
-def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, out: Path, model_dir: str | None = None,
-             keep_checkpoint: bool = False) -> dict:
-    """Run (or resume, or return the finished) cell; write metrics, config, summary and log into `out`."""
-    out = Path(out)
-    if (out / SUMMARY_FILE).exists() and (out / METRICS_FILE).exists():
-        return json.loads((out / SUMMARY_FILE).read_text())
-    for name, value, known in (("model", model, cfg.models), ("sampler", sampler, None), ("correction", correction, None)):
-        if known is not None and value not in known:
-            raise KeyError(f"unknown {name} {value!r}; known: {sorted(known)}")
-    get_sampler(sampler), get_correction(correction)  # fail fast on unknown names
+def check_names(cfg: Config, model: str, sampler: str, correction: str) -> None:
+    """Fail fast, before anything is written, on a model the config lacks or an unregistered
+    sampler or correction; the error lists the known names."""
+    if model not in cfg.models:
+        raise KeyError(f"unknown model {model!r}; known: {sorted(cfg.models)}")
+    get_sampler(sampler), get_correction(correction)
+
+
+def cell_model_dir(cfg: Config, model: str, model_dir: str | None) -> Path:
+    """The weights the cell starts from: `model_dir` if given, else the config's; it must hold a model."""
     mdir = Path(model_dir) if model_dir else cfg.model_dir(model)
     if not (mdir / "config.json").exists():
         hint = "run `python -m dlcrepro warmstart` first" if cfg.models[model].kind == "tiny" else "is it a model directory?"
         raise FileNotFoundError(f"model directory {mdir} has no config.json ({hint})")
-    meta = {"model": model, "sampler": sampler, "correction": correction, "seed": seed, "model_dir": str(mdir)}
-    same, why = computed_as(sampler, correction, cfg.train_for(model))
-    if same != correction and out.parent.name == correction:
+    return mdir
+
+
+def same_run(cfg: Config, meta: dict, out: Path) -> tuple[Path | None, str]:
+    """The finished run this cell may copy instead of training, and why: the cell of the correction
+    that computes its numbers bit for bit (grid.computed_as), beside `out` in the grid's layout
+    (<correction>/<seed dir>) and finished under exactly this config. (None, why) if there is none."""
+    same, why = computed_as(meta["sampler"], meta["correction"], cfg.train_for(meta["model"]))
+    if same != meta["correction"] and out.parent.name == meta["correction"]:
         src = out.parent.parent / same / out.name
         if finished_as(src, {**meta, "correction": same}, cfg):
-            return copy_cell(src, out, meta, cfg, why)
-    check_device(cfg, model)  # a config asking for a GPU stops here on a CPU torch or without a device
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / CONFIG_FILE, yaml.safe_dump({"cell": meta, "config": to_dict(cfg)}, sort_keys=False))
-    logf = open(out / LOG_FILE, "a")
+            return src, why
+    return None, why
 
-    def note(msg: str) -> None:
-        log(msg)
-        logf.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}\n")
-        logf.flush()
 
-    t0 = time.perf_counter()
-    torch.manual_seed(seed)
-    tr = Trainer(cfg, model, sampler, correction, seed, mdir)
-    setup_sec = time.perf_counter() - t0
-    ckpt = out / CKPT_FILE
+def start_or_resume(tr: Trainer, ckpt: Path, out: Path, meta: dict, note) -> Cell:
+    """The run's state: from its checkpoint if there is one, else fresh, with θ_0's accuracies
+    measured (where every run's accuracy curve starts). The engines then hold θ_s."""
     if ckpt.exists():
         cell = tr.load_checkpoint(ckpt)
         note(f"resuming {out} from step {cell.step}")
     else:
         cell = Cell()
         note(f"starting {out}: {meta}")
-        cell.initial = tr.evaluate(0)  # θ_0's accuracies: where every run's accuracy curve starts
+        cell.initial = tr.evaluate(0)
     where = {k: os.environ[k] for k in ("SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES") if k in os.environ}
     note(f"device {tr.device}, torch threads {torch.get_num_threads()}" + "".join(f", {k}={v}" for k, v in where.items()))
     tr.engine.load_weights({k: v.detach() for k, v in tr.sampler_model.state_dict().items()}, cell.sampler_version)
     if tr.probe_engine is tr.engine:
         tr.probe_version = cell.sampler_version
+    return cell
+
+
+def train_steps(tr: Trainer, cell: Cell, ckpt: Path, note, desc: str) -> dict[str, float]:
+    """Take the cell's remaining steps, one metrics row each, checkpointing every `ckpt_every`
+    steps (not after the last); the seconds spent per phase, summed over these steps."""
     totals = dict.fromkeys(PHASES, 0.0)
     steps = tr.tcfg.steps
-    bar = tqdm(total=steps, initial=cell.step, desc=f"{model}/{sampler}/{correction}/seed{seed}", unit="step", mininterval=2.0)
+    bar = tqdm(total=steps, initial=cell.step, desc=desc, unit="step", mininterval=2.0)
     while cell.step < steps:
         timer = PhaseTimer()
         row = tr.step(cell, timer)
@@ -556,6 +602,20 @@ def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, 
         if row["resync"]:
             note(f"step {cell.step}: lag ESS below {tr.tcfg.resync_ess}: resynchronized the sampler")
     bar.close()
+    return totals
+
+
+def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkpoint: bool) -> dict:
+    """Train the cell `meta` to its last step (resuming from its checkpoint if there is one) and
+    write its metrics and summary; the checkpoint is then removed unless `keep_checkpoint`."""
+    t0 = time.perf_counter()
+    torch.manual_seed(meta["seed"])
+    tr = Trainer(cfg, meta["model"], meta["sampler"], meta["correction"], meta["seed"], mdir)
+    setup_sec = time.perf_counter() - t0
+    ckpt = out / CKPT_FILE
+    cell = start_or_resume(tr, ckpt, out, meta, note)
+    desc = f"{meta['model']}/{meta['sampler']}/{meta['correction']}/seed{meta['seed']}"
+    totals = train_steps(tr, cell, ckpt, note, desc)
     totals["setup"] = setup_sec
     df = pd.DataFrame(cell.rows)
     atomic_save(out / METRICS_FILE, lambda tmp: df.to_parquet(tmp, index=False))
@@ -567,5 +627,24 @@ def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, 
     else:
         ckpt.unlink(missing_ok=True)
     note(f"finished {out}: {json.dumps({k: summary[k] for k in ('final_test_accuracy', 'noise_floor_multiple', 'resync_steps')})}")
-    logf.close()
     return summary
+
+
+def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, out: Path, model_dir: str | None = None,
+             keep_checkpoint: bool = False) -> dict:
+    """Run (or resume, or return the finished) cell; write metrics, config, summary and log into `out`.
+    A cell whose numbers a finished cell of the grid computes bit for bit copies them instead."""
+    out = Path(out)
+    if (out / SUMMARY_FILE).exists() and (out / METRICS_FILE).exists():
+        return json.loads((out / SUMMARY_FILE).read_text())
+    check_names(cfg, model, sampler, correction)
+    mdir = cell_model_dir(cfg, model, model_dir)
+    meta = {"model": model, "sampler": sampler, "correction": correction, "seed": seed, "model_dir": str(mdir)}
+    src, why = same_run(cfg, meta, out)
+    if src is not None:
+        return copy_cell(src, out, meta, cfg, why)
+    check_device(cfg, model)  # a config asking for a GPU stops here on a CPU torch or without a device
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / CONFIG_FILE, yaml.safe_dump({"cell": meta, "config": to_dict(cfg)}, sort_keys=False))
+    with cell_log(out / LOG_FILE) as note:
+        return train_cell(cfg, meta, mdir, out, note, keep_checkpoint)

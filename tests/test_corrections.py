@@ -18,19 +18,22 @@ from dlcrepro.diagnostics import mismatch_metrics
 P = CorrectionParams(clip_c=2.0, ppo_eps=0.2)
 
 
-def terms(z_t, z_s, z_q, tokens, adv, z_old=None):
-    """TokenTerms for a tabular policy: row k of each `(N, V)` logit table is token k's prefix."""
+def terms(z_t, z_s, z_q, tokens, adv, z_old=None, seq=None):
+    """TokenTerms for a tabular policy: row k of each `(N, V)` logit table is token k's prefix;
+    each token its own sequence unless `seq` says which sequence each belongs to."""
     logits = z_t.clone().requires_grad_(True) if not z_t.requires_grad else z_t
     lq = torch.log_softmax(z_q, -1)
     ls = torch.log_softmax(z_s, -1)
     lo = torch.log_softmax(z_old if z_old is not None else z_t.detach(), -1)
     tok = torch.as_tensor(tokens)
     pick = lambda l: l.gather(-1, tok[:, None]).squeeze(-1)  # noqa: E731
-    return TokenTerms(logits, tok, torch.as_tensor(adv, dtype=torch.float32), pick(lq), pick(ls), pick(lo), lq.exp(), ls)
+    seq = torch.arange(len(tok)) if seq is None else torch.as_tensor(seq)
+    return TokenTerms(logits=logits, tokens=tok, adv=torch.as_tensor(adv, dtype=torch.float32), e=pick(lq), a=pick(ls),
+                      old=pick(lo), q=lq.exp(), logp_s=ls, seq=seq, num_seqs=int(seq.max()) + 1)
 
 
-def grad_of(name, t):
-    loss = get_correction(name).fn(t, P)
+def grad_of(name, t, params=P):
+    loss = get_correction(name).fn(t, params).loss
     (g,) = torch.autograd.grad(loss, t.logits)
     return g
 
@@ -57,8 +60,8 @@ def test_corrections_without_needs_q_never_read_the_engine_distribution():
     assert {n for n, c in CORRECTIONS.items() if c.needs_q} >= {"center", "is_center", "dlc"}
     for name, c in CORRECTIONS.items():
         if not c.needs_q:
-            full = c.fn(t, P)
-            assert torch.equal(c.fn(TokenTerms(**{**t.__dict__, "q": None}), P), full), name
+            full = c.fn(t, P).loss
+            assert torch.equal(c.fn(t.replace(q=None), P).loss, full), name
 
 
 # ----------------------------------------------------------------------------- exact two-token cases
@@ -146,7 +149,7 @@ def expected_grad(name, z_t, z_s, z_q, reward, n):
         zt = z_t.clone().requires_grad_(True)
         t = terms(zt.expand(n, -1), z_s.expand(n, -1), z_q.expand(n, -1), group, adv)
         t.logits = zt.expand(n, -1)
-        loss = get_correction(name).fn(t, P)
+        loss = get_correction(name).fn(t, P).loss
         (g,) = torch.autograd.grad(loss, zt)
         total += prob * g
     return total
@@ -188,7 +191,7 @@ def two_step_sequences(z1, z2, offset):
         yield y1, y2, z1, z2[y1]
 
 
-def seq_expected(name, z1, z2, offset, reward, n=2):
+def seq_expected(name, z1, z2, offset, reward, n=2, params=P):
     """E over groups of n two-token sequences sampled from the engine (trainer logits + offset)."""
     seqs = list(itertools.product(range(2), repeat=2))
 
@@ -210,9 +213,9 @@ def seq_expected(name, z1, z2, offset, reward, n=2):
             advs += [adv[i], adv[i]]
         logits = torch.stack(rows)
         zq = logits.detach() + offset
-        t = terms(logits.detach(), logits.detach(), zq, toks, torch.stack(advs))
+        t = terms(logits.detach(), logits.detach(), zq, toks, torch.stack(advs), seq=[i // 2 for i in range(2 * n)])
         t.logits = logits
-        loss = get_correction(name).fn(t, P)
+        loss = get_correction(name).fn(t, params).loss
         a1, a2 = torch.autograd.grad(loss, (p1, p2))
         g1 += prob * a1
         g2 += prob * a2
@@ -256,7 +259,7 @@ def test_monte_carlo_center_matches_its_exact_expectation():
         zt = Z_T.clone().requires_grad_(True)
         t = terms(zt.expand(3, -1), Z_T.expand(3, -1), zq.expand(3, -1), group, r - r.mean())
         t.logits = zt.expand(3, -1)
-        (g,) = torch.autograd.grad(get_correction("center").fn(t, P), zt)
+        (g,) = torch.autograd.grad(get_correction("center").fn(t, P).loss, zt)
         draws.append(g)
     d = torch.stack(draws)
     se = d.std(0) / math.sqrt(len(d))

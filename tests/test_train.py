@@ -112,6 +112,7 @@ def test_micro_batched_step_gives_the_full_batch_numbers(tiny_model_dir, smoke_c
     sampler KL, the correction's direction (stale sampler, θ_s ≠ θ_t) and the probe gradient."""
     import torch
 
+    from dlcrepro.corrections import get_correction
     from dlcrepro.train import Cell, PhaseTimer, Trainer
 
     tr = Trainer(smoke_cfg, "tiny", "stale", "dlc", 0, tiny_model_dir)
@@ -129,9 +130,15 @@ def test_micro_batched_step_gives_the_full_batch_numbers(tiny_model_dir, smoke_c
     results = {}
     for mb in (1024, 5):
         tr.tcfg.micro_batch = mb
-        a, b, kl, kept = tr.log_probs(s, synced=False)
-        assert (kept is None) == (mb == 5)
-        results[mb] = (a, b, kl, tr.correction_grad(s, rollout, e, a, b, False, kept), tr.pg_grad(s), tr.token_logp(tr.initial_model, s.tb))
+        lp = tr.log_probs(s, synced=False)
+        assert (lp.kept is None) == (mb == 5)
+        g_dlc, diag_dlc = tr.correction_grad(s, rollout, e, lp, False, lp.kept)
+        # a sequence-level correction too: each micro-batch holds whole sequences
+        tr.correction = get_correction("seq_mis")
+        g_seq, diag_seq = tr.correction_grad(s, rollout, e, lp, False, None)
+        tr.correction = get_correction("dlc")
+        results[mb] = (lp.a, lp.b, lp.kl_sampler, g_dlc, g_seq, tr.pg_grad(s), tr.token_logp(tr.initial_model, s.tb),
+                       *diag_dlc.values(), *diag_seq.values())
     full, chunked = results[1024], results[5]
     assert (full[0] - full[1]).abs().max() > 0  # the lag is real
     for x, y in zip(full, chunked):

@@ -45,7 +45,7 @@ def bad_config(tmp_path, edit):
     "edit,needle",
     [
         (lambda c: c["grid"].update(samplers=["bf16", "fp4"]), "'fp4' is not one of"),
-        (lambda c: c["grid"].update(corrections=["dlcc"]), "'dlcc' is not one of"),
+        (lambda c: c["grid"].update(corrections=["dlcc"]), "unknown correction 'dlcc'; known: ['center', 'center_tis'"),
         (lambda c: c["engine"].update(top_p=0.9), "top_p"),
         (lambda c: c["train"].update(lr=-1), "lr"),
         (lambda c: c.update(grdi={}), "grdi"),

@@ -1,0 +1,70 @@
+"""The names of the corrections and what the workflow must know of each, without torch.
+
+This is the one list every part of the harness reads: the config check (`config.build` refuses a
+name not here, naming the known ones), the Snakefile (which imports no torch), `analysis`
+(which runs resync), and `corrections` (whose registered functions must match it one to one:
+tests/test_corrections.py fails when they disagree). Adding a correction is one entry here and one
+function in `corrections.py` decorated with `@register_correction("name")`; the grid, the tables
+and the figures then take it by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CorrectionInfo:
+    """What the workflow must know of a correction before any tensor exists."""
+
+    name: str
+    # one line for tables and docs: the per-token gradient term.
+    term: str
+    # resynchronize the sampler when the lag ESS of a fresh batch falls below train.resync_ess.
+    resync: bool = False
+    # the loss depends on θ_old (PPO-style): train.updates_per_batch SGD steps per batch.
+    multi_update: bool = False
+    # the loss reads the engine's next-token distribution q (its top-k log-probs).
+    needs_q: bool = False
+    # the loss reads whole sequences (TokenTerms.seq): a sequence-level ratio, mask or mean.
+    needs_sequences: bool = False
+
+
+def _infos(*infos: CorrectionInfo) -> dict[str, CorrectionInfo]:
+    out: dict[str, CorrectionInfo] = {}
+    for i in infos:
+        if i.name in out:
+            raise ValueError(f"registry: correction {i.name!r} listed twice")
+        out[i.name] = i
+    return out
+
+
+CORRECTION_INFO: dict[str, CorrectionInfo] = _infos(
+    # the paper's five, and the two controls its tables compare against
+    CorrectionInfo("pg", "A·∇ℓ(y)"),
+    CorrectionInfo("center", "A·c(y), q̃ = q", needs_q=True),
+    CorrectionInfo("is", "exp(b − e)·A·∇ℓ(y)"),
+    CorrectionInfo("is_center", "exp(b − a)·A·c(y), q̃ ∝ q·exp(λ)", needs_q=True),
+    CorrectionInfo("ppo", "PPO clip of π_θ/π_old", multi_update=True),
+    CorrectionInfo("dlc", "min(exp(b − a), C)·A·c(y), q̃ ∝ q·min(exp(λ), C); resync", resync=True, needs_q=True),
+    CorrectionInfo("is_resync", "exp(b − e)·A·∇ℓ(y); resync", resync=True),
+    # the corrections practitioners run with a vLLM sampler
+    CorrectionInfo("tis", "min(exp(b − e), C)·A·∇ℓ(y)"),
+    CorrectionInfo("seq_tis", "min(ρ_seq, C_seq)·A·∇ℓ(y)", needs_sequences=True),
+    CorrectionInfo("seq_mis", "1[L ≤ ρ_seq ≤ C_seq]·ρ_seq·A·∇ℓ(y), mean over kept tokens", needs_sequences=True),
+    CorrectionInfo("geo_rs", "1[geometric-mean ratio in bounds]·A·∇ℓ(y), mean over kept tokens", needs_sequences=True),
+    CorrectionInfo("icepop", "1[α ≤ exp(old − e) ≤ β]·exp(old − e)·PPO clip of π_θ/π_old", multi_update=True),
+    CorrectionInfo("decoupled_ppo", "1[exp(old − e) ≤ cap]·exp(old − e)·PPO clip of π_θ/π_old", multi_update=True),
+    CorrectionInfo("center_tis", "A·[w(y)∇ℓ(y) − Σ_v q(v)w(v)∇ℓ(v)], w = min(π/q, C)", needs_q=True),
+)
+
+
+def correction_info(name: str) -> CorrectionInfo:
+    if name not in CORRECTION_INFO:
+        raise KeyError(f"unknown correction {name!r}; known: {sorted(CORRECTION_INFO)}")
+    return CORRECTION_INFO[name]
+
+
+def resync_corrections() -> tuple[str, ...]:
+    """The corrections that resynchronize their sampler (the tables split runs by it)."""
+    return tuple(n for n, c in CORRECTION_INFO.items() if c.resync)
