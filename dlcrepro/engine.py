@@ -312,6 +312,22 @@ class VLLMEngine:
             version=self.version,
         )
 
+    def teacher_forced_logp(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """log q(y_t | prompt, y_<t), `(len(response),)` per response: given tokens scored in one
+        prefill each (vLLM's prompt log-probs), so that two engines can be compared on the same
+        sequences. Equal to the log-probs `generate` reports for the responses it sampled."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self._check_loaded()
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=self.cfg.temperature, detokenize=False)
+        seqs = [TokensPrompt(prompt_token_ids=list(p) + list(r)) for p, r in zip(prompts, responses)]
+        outs = self.llm.generate(seqs, params, use_tqdm=False)
+        return [
+            torch.tensor([pos[t].logprob for pos, t in zip(o.prompt_logprobs[len(p):], r)], dtype=torch.float32)
+            for o, p, r in zip(outs, prompts, responses)
+        ]
+
     def greedy(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
         from vllm.inputs import TokensPrompt
 

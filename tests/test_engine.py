@@ -48,6 +48,16 @@ def test_fp8_discrepancy_exceeds_bf16(setup):
     assert deltas["fp8"] > 1.5 * deltas["bf16"], deltas
 
 
+def test_teacher_forced_logprobs_are_the_sampled_ones(setup):
+    """Scoring given responses in one prefill gives the log-probs the engine reported while
+    sampling them: what lets two engines be compared on the same sequences."""
+    for engine in (setup["bf16"], setup["fp8"]):
+        r = engine.generate(setup["prompts"][:4], 4, seed=2)
+        forced = engine.teacher_forced_logp(r.prompt_ids, r.response_ids)
+        assert [len(f) for f in forced] == [len(x) for x in r.response_ids]
+        assert torch.allclose(torch.cat(forced), r.engine_logp, atol=1e-4)
+
+
 def test_same_seed_same_samples_other_seed_other_samples(setup):
     e = setup["bf16"]
     r1, r2, r3 = (e.generate(setup["prompts"], 4, seed=s) for s in (7, 7, 8))
