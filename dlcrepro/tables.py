@@ -110,6 +110,33 @@ def off_support_table(drops: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
+def zoo_table(steps: pd.DataFrame, pr: pd.DataFrame, n_boot: int = 1000) -> pd.DataFrame:
+    """Per model × sampler, the grid's corrections ranked by M (lowest first: closest to on-policy
+    training), beside their final accuracy and its rank (highest first), and what each correction
+    did to its tokens: the mean over steps of its truncated and dropped token shares, and its
+    largest token weight over the runs (`corr_*` metrics columns; n/a for runs written before them)."""
+    m = noise_floor_table(steps, pr, n_boot)
+    acc = accuracy_table(pr, n_boot)
+    t = m[A.CELL + ["M (mean [95 % CI])", "mean", "ci_low", "ci_high"]].merge(
+        acc[A.CELL + ["final (mean [95 % CI])", "mean"]].rename(columns={"mean": "accuracy_mean"}), on=A.CELL, how="outer")
+    diag = {"corr_clipped_share": "mean", "corr_masked_share": "mean", "corr_weight_max": "max"}
+    have = [c for c in diag if c in steps.columns]
+    d = steps.groupby(A.CELL)[have].agg({c: diag[c] for c in have}).reset_index() if have else steps[A.CELL].drop_duplicates()
+    t = t.merge(d, on=A.CELL, how="left")
+    rows = []
+    for _, g in t.groupby(["model", "sampler"], sort=True):
+        g = g.sort_values(["mean", "correction"], na_position="last").copy()
+        g["rank by M"] = range(1, len(g) + 1)
+        g["rank by accuracy"] = g["accuracy_mean"].rank(ascending=False, method="min").astype("Int64")
+        rows.append(g)
+    t = pd.concat(rows, ignore_index=True)
+    t["truncated tokens"] = [_fmt(v) for v in t.get("corr_clipped_share", pd.Series(math.nan, index=t.index))]
+    t["dropped tokens"] = [_fmt(v) for v in t.get("corr_masked_share", pd.Series(math.nan, index=t.index))]
+    t["largest weight"] = [_fmt(v) for v in t.get("corr_weight_max", pd.Series(math.nan, index=t.index))]
+    return t[["model", "sampler", "rank by M", "correction", "M (mean [95 % CI])", "final (mean [95 % CI])", "rank by accuracy",
+              "truncated tokens", "dropped tokens", "largest weight", "mean", "ci_low", "ci_high"]]
+
+
 def spearman_out(steps: pd.DataFrame, drops: pd.DataFrame, n_boot: int = 1000) -> pd.DataFrame:
     t = A.spearman_table(steps, drops, n_boot=n_boot)
     t["rho [95 % CI]"] = [f"{_fmt(r)} [{_fmt(lo)}, {_fmt(hi)}]" for r, lo, hi in zip(t["rho"], t["ci_low"], t["ci_high"])]
@@ -160,6 +187,7 @@ CAPTIONS = {
     "off_support": "Off-support share (tokens of the trainer's own responses with probability < 1e-3 under the initial policy) before / at collapse points (accuracy drop >= half the bf16/pg reference), beside the sampler-side KL. Copied cells (computed_as) count once.",
     "spearman": "Spearman correlation with the accuracy drop over (run, eval step) pairs of non-reference runs, copied cells counted once; 95 % bootstrap intervals resample runs.",
     "probe_density": "How the cells' M intervals narrow with probe steps: the same runs with only every k-th probe step kept (probes never change a run).",
+    "zoo": "The grid's corrections ranked per sampler by the noise-floor multiple M (mean over runs [95 % bootstrap interval]; rank 1 = closest to on-policy training), beside the final test accuracy (mean [95 % CI]) and its rank, and the mean share of tokens each correction truncated or dropped and its largest token weight.",
     "findings": "Findings of the paper, each checked by the stated rule in each replicate (a group of seeds): seen = holds in every replicate.",
 }
 
@@ -183,6 +211,7 @@ def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 
         "spearman": absent(spearman_out(distinct_steps, drops, n_boot), "no accuracy drops: they need the bf16/pg reference and another cell"),
         "probe_density": A.interval_width_by_probe_density(steps, n_boot=n_boot),
         "findings": findings_table(steps, runs, replicates, n_boot),
+        "zoo": zoo_table(steps, pr, n_boot),
     }
     for name, df in t.items():
         write_table(df, out, name, CAPTIONS[name])

@@ -1,0 +1,73 @@
+"""Extending the harness as the README says: a correction is one function and one registry entry,
+nothing else. A copy of this checkout gets a throw-away correction added exactly that way, and the
+workflow trains it and puts it in the tables and figures beside `pg`."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+
+from conftest import ROOT
+
+THROWAWAY_FUNCTION = '''
+
+@register_correction("halved_pg")
+def halved_pg(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
+    """Half of pg's step on every token: a throw-away correction (tests/test_extending.py)."""
+    return weighted_pg(t, token_logp(t), torch.full_like(t.adv, 0.5))
+'''
+THROWAWAY_ENTRY = '''
+CORRECTION_INFO["halved_pg"] = CorrectionInfo("halved_pg", "½·A·∇ℓ(y)")
+'''
+
+
+def copy_checkout(dst):
+    """The files git knows of (tracked, and new ones it does not ignore), as a fresh clone has them."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split("\0")
+    for f in filter(None, files):
+        src = ROOT / f
+        if src.is_file():
+            (dst / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / f)
+
+
+@pytest.mark.slow
+def test_a_correction_added_as_one_function_and_one_registry_entry_reaches_the_tables(tmp_path):
+    repo = tmp_path / "checkout"
+    copy_checkout(repo)
+    with open(repo / "dlcrepro" / "corrections.py", "a") as f:
+        f.write(THROWAWAY_FUNCTION)
+    with open(repo / "dlcrepro" / "registry.py", "a") as f:
+        f.write(THROWAWAY_ENTRY)
+
+    out = tmp_path / "out"
+    config = [f"results_dir={out / 'results'}", f"tables_dir={out / 'tables'}", f"figures_dir={out / 'figures'}",
+              f"artifacts={out / 'artifacts'}", f"python={sys.executable}", "fork_server=False"]
+    grid = textwrap.dedent("""\
+        grid:
+          models: [tiny]
+          samplers: [bf16, stale]
+          corrections: [pg, halved_pg]
+          seeds: [0]
+        """)
+    (repo / "configs" / "halved.yaml").write_text(grid)
+    # the copy's package, not the installed one, in snakemake and in every job it starts
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    p = subprocess.run([sys.executable, "-m", "snakemake", "--nolock", "--cores", "2", "--configfile", "configs/smoke.yaml",
+                        "configs/halved.yaml", "--config", *config], cwd=repo, env=env, capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+
+    for table in ("noise_floor", "accuracy", "zoo"):
+        t = pd.read_csv(out / "tables" / f"{table}.csv")
+        assert {("bf16", "halved_pg"), ("stale", "halved_pg")} <= set(zip(t["sampler"], t["correction"])), table
+    metrics = pd.read_parquet(out / "results" / "tiny" / "stale" / "halved_pg" / "seed0" / "metrics.parquet")
+    assert (metrics["corr_weight_mean"] == 0.5).all() and (metrics["corr_masked_share"] == 0).all()
+    summary = json.loads((out / "results" / "tiny" / "stale" / "halved_pg" / "seed0" / "summary.json").read_text())
+    assert summary["correction"] == "halved_pg"
+    assert (out / "figures" / "noise_floor.png").stat().st_size > 0
