@@ -52,7 +52,7 @@ def test_a_correction_added_as_one_function_and_one_registry_entry_reaches_the_t
     grid = textwrap.dedent("""\
         grid:
           models: [tiny]
-          samplers: [bf16, stale]
+          samplers: [stale]
           corrections: [pg, halved_pg]
           seeds: [0]
         """)
@@ -65,7 +65,7 @@ def test_a_correction_added_as_one_function_and_one_registry_entry_reaches_the_t
 
     for table in ("noise_floor", "accuracy", "zoo"):
         t = pd.read_csv(out / "tables" / f"{table}.csv")
-        assert {("bf16", "halved_pg"), ("stale", "halved_pg")} <= set(zip(t["sampler"], t["correction"])), table
+        assert ("stale", "halved_pg") in set(zip(t["sampler"], t["correction"])), table
     metrics = pd.read_parquet(out / "results" / "tiny" / "stale" / "halved_pg" / "seed0" / "metrics.parquet")
     assert (metrics["corr_weight_mean"] == 0.5).all() and (metrics["corr_masked_share"] == 0).all()
     summary = json.loads((out / "results" / "tiny" / "stale" / "halved_pg" / "seed0" / "summary.json").read_text())
