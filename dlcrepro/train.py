@@ -26,8 +26,9 @@ import yaml
 from tqdm import tqdm
 
 from . import analysis, countdown, data
+from .cluster import check_device
 from .config import Config, ConfigError, to_dict
-from .corrections import CorrectionParams, TokenTerms, engine_distribution, get_correction
+from .corrections import CorrectionParams, TokenTerms, concat_weights, engine_distribution, get_correction, weight_diagnostics
 from .diagnostics import dev_ratio, kl_rows, mismatch_metrics, off_support_share, squared_distance
 from .engine import Rollout, VLLMEngine
 from .grid import computed_as, get_sampler
@@ -99,6 +100,26 @@ class Cell:
     initial: dict = field(default_factory=dict)  # the accuracies of θ_0, measured before step 1
 
 
+@dataclass
+class KeptLogits:
+    """θ_t's logits of a one-micro-batch batch, with their graph, and θ_s's log-distribution:
+    computed for the log-probs, reused by the correction."""
+
+    logits_t: torch.Tensor
+    logp_s: torch.Tensor
+
+
+@dataclass
+class BatchLogProbs:
+    """The trainer's view of a sampled batch: `a` `(N,)` log π(y; θ_s) and `b` `(N,)` log π(y; θ_t)
+    (no gradient), the mean KL(π_θs ‖ π_θt) per prefix, and the kept logits (None: recompute)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    kl_sampler: float
+    kept: KeptLogits | None
+
+
 class Learner:
     """The trainer's models and their micro-batched math, with no engine and no data: θ_t
     (`policy`, updated by SGD), θ_s (`sampler_model`, the copy the sampler holds) and θ_0
@@ -110,7 +131,7 @@ class Learner:
     def __init__(self, policy: torch.nn.Module, tcfg, correction: str, trainer_dtype: str, device: torch.device):
         self.tcfg, self.device = tcfg, device
         self.correction = get_correction(correction)
-        self.cparams = CorrectionParams(clip_c=tcfg.clip_c, ppo_eps=tcfg.ppo_eps)
+        self.cparams = CorrectionParams.from_train(tcfg)
         self.autocast = torch.bfloat16 if trainer_dtype == "bfloat16" else None
         self.policy = policy.to(device)
         self.policy.train()
@@ -154,7 +175,7 @@ class Learner:
         with torch.no_grad():
             return torch.log_softmax(self.logits(self.sampler_model, sub), -1)
 
-    def log_probs(self, s: Scored, synced: bool) -> tuple[torch.Tensor, torch.Tensor, float, tuple | None]:
+    def log_probs(self, s: Scored, synced: bool) -> "BatchLogProbs":
         """Trainer log-probs of the sampled tokens at θ_s (a) and θ_t (b), and the mean
         full-vocabulary KL(π_θs ‖ π_θt) over the batch's prefixes.
 
@@ -175,16 +196,19 @@ class Learner:
             b.append(logp_t.gather(-1, tok).squeeze(-1))
             kl += float(kl_rows(logp_s, logp_t).sum())
             if keep:
-                kept = (logits_t, logp_s)
-        return torch.cat(a), torch.cat(b), kl / max(s.tb.tokens.numel(), 1), kept
+                kept = KeptLogits(logits_t, logp_s)
+        return BatchLogProbs(a=torch.cat(a), b=torch.cat(b), kl_sampler=kl / max(s.tb.tokens.numel(), 1), kept=kept)
 
-    def correction_grad(self, s: Scored, rollout: Rollout, e, a, b, synced: bool, kept: tuple | None) -> torch.Tensor:
-        """The correction's update direction: the gradient of its token-mean loss, summed over
-        micro-batches (each chunk's loss weighted by its share of the batch's tokens)."""
-        n, g = s.tb.tokens.numel(), None
+    def correction_grad(self, s: Scored, rollout: Rollout, e: torch.Tensor, lp: "BatchLogProbs", synced: bool,
+                        kept: "KeptLogits | None") -> tuple[torch.Tensor, dict[str, float]]:
+        """The correction's update direction (the gradient of its token-mean loss, summed over
+        micro-batches, each chunk's loss weighted by its share of the batch's tokens) and its
+        diagnostics over the batch (`corrections.weight_diagnostics`). θ_old is `lp.b`, the
+        trainer before this batch."""
+        n, g, weights, kept_tokens = s.tb.tokens.numel(), None, [], 0
         for sub, sl in s.tb.chunks(self.tcfg.micro_batch):
             if kept is not None:
-                logits_t, logp_s = kept
+                logits_t, logp_s = kept.logits_t, kept.logp_s
             else:  # θ at this moment (PPO's later epochs see the updated θ), θ_s as sampled
                 # (`synced`: θ_t still equals θ_s, so its distribution is θ_s's)
                 logits_t = self.logits(self.policy, sub)
@@ -192,10 +216,17 @@ class Learner:
             q = None
             if self.correction.needs_q:
                 q = engine_distribution(rollout.topk_ids[sl].to(self.device), rollout.topk_logp[sl].to(self.device), logp_s)
-            terms = TokenTerms(logits_t, sub.tokens, s.adv_tok[sl], e[sl], a[sl], b[sl], q, logp_s)
-            gi = flat_grad(self.correction.fn(terms, self.cparams) * (sub.tokens.numel() / n), self.params)
+            terms = TokenTerms(logits=logits_t, tokens=sub.tokens, adv=s.adv_tok[sl], e=e[sl], a=lp.a[sl], old=lp.b[sl],
+                               q=q, logp_s=logp_s, seq=sub.seq, num_seqs=sub.num_seqs)
+            out = self.correction.fn(terms, self.cparams)
+            share = sub.tokens.numel() if out.kept is None else out.kept  # the tokens its mean is over
+            gi = flat_grad(out.loss * (share / n), self.params)
             g = gi if g is None else g.add_(gi)
-        return g
+            weights.append(out.weights)
+            kept_tokens += share
+        if kept_tokens != n:  # a mean over the kept tokens only: Σ_chunks (chunk sum) / (all kept)
+            g.mul_(n / max(kept_tokens, 1))
+        return g, weight_diagnostics(concat_weights(weights), s.tb.seq, s.tb.num_seqs)
 
     def _apply(self, g: torch.Tensor) -> None:
         offset = 0
@@ -292,9 +323,9 @@ class Trainer(Learner):
                 s = self.score(rollout, idx)
             with timer("logprobs"):
                 synced = cell.sampler_version == cell.step  # θ_s is θ_t
-                a, b, kl_sampler, kept = self.log_probs(s, synced)
+                lp = self.log_probs(s, synced)
                 e = rollout.engine_logp.to(self.device)
-                mism = mismatch_metrics(e.cpu(), a.cpu(), b.cpu(), s.tb.seq.cpu(), s.tb.num_seqs)
+                mism = mismatch_metrics(e.cpu(), lp.a.cpu(), lp.b.cpu(), s.tb.seq.cpu(), s.tb.num_seqs)
             with timer("resync"):
                 if self.correction.resync and not resync and mism["ess_lag"] < t.resync_ess:
                     self.sync_sampler(cell)
@@ -307,7 +338,7 @@ class Trainer(Learner):
         row.update(success_metrics(s.rewards, rollout.group, len(idx)))
         row["response_len_mean"] = float(rollout.lengths.double().mean())
         row.update(mism)
-        row["kl_sampler"] = kl_sampler
+        row["kl_sampler"] = lp.kl_sampler
 
         probing = k % t.probe_every == 0 or k == t.steps  # the last step too: its eval needs its off-support
         with timer("probe"):
@@ -321,15 +352,16 @@ class Trainer(Learner):
         with timer("correction"):
             updates = t.updates_per_batch if self.correction.multi_update else 1
             theta_before = flat_params(self.params) if updates > 1 else None
-            g_c = self.correction_grad(s, rollout, e, a, b, synced, kept)
-            del kept
+            g_c, diagnostics = self.correction_grad(s, rollout, e, lp, synced, lp.kept)
+            lp.kept = None  # frees the kept graph's logits
+            row.update(diagnostics)
             check_finite(k, {**row, "update direction": float(g_c.abs().max())})
 
         with timer("update"):
             for u in range(updates):
                 # PPO's further epochs: fresh logits at the current θ, the same θ_old (b); θ has
                 # moved, so θ_s's distribution comes from the sampler's copy even when it was synced
-                g_u = g_c if u == 0 else self.correction_grad(s, rollout, e, a, b, False, None)
+                g_u = g_c if u == 0 else self.correction_grad(s, rollout, e, lp, False, None)[0]
                 self._apply(g_u)
             if updates > 1:  # the run's update direction over all its SGD steps
                 g_c = (theta_before - flat_params(self.params)) / t.lr
@@ -611,6 +643,7 @@ def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, 
     src, why = same_run(cfg, meta, out)
     if src is not None:
         return copy_cell(src, out, meta, cfg, why)
+    check_device(cfg, model)  # a config asking for a GPU stops here on a CPU torch or without a device
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / CONFIG_FILE, yaml.safe_dump({"cell": meta, "config": to_dict(cfg)}, sort_keys=False))
     with cell_log(out / LOG_FILE) as note:
