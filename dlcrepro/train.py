@@ -589,12 +589,14 @@ def train_steps(tr: Trainer, cell: Cell, ckpt: Path, note, desc: str) -> dict[st
     while cell.step < steps:
         timer = PhaseTimer()
         row = tr.step(cell, timer)
+        cell.rows.append({**row, **{f"sec_{p}": v for p, v in timer.sec.items()}})
         if tr.tcfg.ckpt_every and cell.step % tr.tcfg.ckpt_every == 0 and cell.step < steps:
+            # the checkpoint holds this row before its own writing time is known: NaN there (what a
+            # run resumed from it keeps), the time itself here once written
+            cell.rows[-1]["sec_checkpoint"] = math.nan
             with timer("checkpoint"):
-                cell.rows.append({**row, **{f"sec_{p}": v for p, v in timer.sec.items()}})
                 tr.save_checkpoint(ckpt, cell)
-        else:
-            cell.rows.append({**row, **{f"sec_{p}": v for p, v in timer.sec.items()}})
+            cell.rows[-1]["sec_checkpoint"] = timer.sec["checkpoint"]
         for p_, v in timer.sec.items():
             totals[p_] += v
         bar.update(1)

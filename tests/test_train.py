@@ -1,6 +1,7 @@
 """One training cell through the CLI, on the smoke config and the real engines."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -66,6 +67,8 @@ def test_kill_and_resume_gives_the_same_metrics_as_an_uninterrupted_run(tiny_mod
     ref = tmp_path / "ref"
     p = run(train_cmd(tiny_model_dir, ref, "stale", "is_center", *sets))
     assert p.returncode == 0, p.stderr[-3000:]
+    sec = pd.read_parquet(ref / "metrics.parquet").set_index("step")["sec_checkpoint"]
+    assert (sec[[2, 4]] > 0).all() and (sec[[1, 3, 5, 6]] == 0).all()  # no checkpoint after the last step
 
     out = tmp_path / "killed"
     proc = subprocess.Popen(train_cmd(tiny_model_dir, out, "stale", "is_center", *sets), cwd=ROOT,
@@ -80,10 +83,12 @@ def test_kill_and_resume_gives_the_same_metrics_as_an_uninterrupted_run(tiny_mod
 
     p = run(train_cmd(tiny_model_dir, out, "stale", "is_center", *sets))
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "resuming" in (out / "train.log").read_text()
+    resumed_at = int(re.search(r"resuming .* from step (\d+)", (out / "train.log").read_text()).group(1))
     a, b = (pd.read_parquet(d / "metrics.parquet") for d in (ref, out))
     cols = [c for c in a.columns if not c.startswith("sec_")]
     pd.testing.assert_frame_equal(a[cols], b[cols])
+    # the checkpoint resumed from was written before its own time was known
+    assert b.loc[b["sec_checkpoint"].isna(), "step"].tolist() == [resumed_at]
 
 
 def test_forced_threshold_resyncs_and_no_update_uses_a_batch_below_it(tiny_model_dir, tmp_path):
