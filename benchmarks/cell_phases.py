@@ -48,12 +48,13 @@ def main() -> None:
     timed("import vllm", __import__, "vllm")
     from dlcrepro import config as config_mod
     from dlcrepro import data
+    from dlcrepro.paths import model_dir
     from dlcrepro.engine import VLLMEngine
     from dlcrepro.model import load_model, load_tokenizer
     from dlcrepro.train import PHASES, run_cell
 
     cfg = config_mod.load(args.config, {"train.steps": args.steps})
-    mdir = cfg.model_dir(args.model)
+    mdir = model_dir(cfg, args.model)
     if not (mdir / "config.json").exists():
         raise SystemExit(f"no model at {mdir}: run `python -m dlcrepro warmstart --config {args.config}` first")
     tok = timed("tokenizer", load_tokenizer, mdir)

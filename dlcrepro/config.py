@@ -275,16 +275,6 @@ class Config:
         """The train section with the model's overrides applied."""
         return _build(TrainConfig, {**dataclasses.asdict(self.train), **self.models[model].train}, f"models.{model}.train")
 
-    def model_dir(self, model: str) -> Path:
-        """Where the model's weights are: the warm-start output for tiny models, else its local
-        path or Hugging Face cache snapshot (never downloaded)."""
-        m = self.models[model]
-        if m.kind == "tiny":
-            return Path(self.artifacts) / model / "model"
-        from .data import resolve_local
-
-        return resolve_local(m.path, "model", f"models.{model}.path")
-
 
 def _scalar_ok(value: Any, want: type) -> bool:
     """`value` fits a field whose default has type `want` (an int where a float is wanted is fine)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from . import data
+from . import data, paths
 from .config import Config
 from .diagnostics import stats
 from .engine import VLLMEngine
@@ -19,7 +19,7 @@ from .model import load_model, load_tokenizer, make_token_batch, response_logits
 
 
 def sample_report(cfg: Config, model: str, n_prompts: int, n: int, seed: int, model_dir: str | None = None) -> list[dict]:
-    mdir = Path(model_dir) if model_dir else cfg.model_dir(model)
+    mdir = Path(model_dir) if model_dir else paths.model_dir(cfg, model)
     tok = load_tokenizer(mdir)
     trainer = load_model(mdir).eval()
     state = {k: v.detach() for k, v in trainer.state_dict().items()}

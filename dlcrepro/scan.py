@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from . import paths
 from .tables import PAPER_MULTIPLE, _ci_text, _fmt, write_table
 from .util import atomic_save, atomic_write_text, log
 
@@ -348,7 +349,7 @@ def scan(cfg, model: str, sampler: str, corrections: list[str], prompts: list[in
 
     if model not in cfg.models:
         raise KeyError(f"unknown model {model!r}; known: {sorted(cfg.models)}")
-    mdir = Path(model_dir) if model_dir else cfg.model_dir(model)
+    mdir = Path(model_dir) if model_dir else paths.model_dir(cfg, model)
     if not (mdir / "config.json").exists():
         raise FileNotFoundError(f"model directory {mdir} has no config.json")
     if checkpoint and not Path(checkpoint).exists():

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from . import countdown, data
+from . import countdown, data, paths
 from .config import Config
 from .engine import VLLMEngine
 from .model import build_tiny_model, build_tokenizer, make_token_batch, response_logits, save_model_dir, token_logprobs
@@ -35,7 +35,7 @@ def warmstart(cfg: Config, model_name: str, out: Path | None = None) -> dict:
     if mcfg.kind != "tiny":
         raise ValueError(f"warmstart: model {model_name!r} has kind {mcfg.kind!r}; only 'tiny' models are warm-started")
     ws = mcfg.warmstart
-    out = Path(out) if out else cfg.model_dir(model_name).parent
+    out = Path(out) if out else paths.model_dir(cfg, model_name).parent
     train, test = data.load_problems(cfg.task)
     tokenizer = build_tokenizer()
     model = build_tiny_model(mcfg.arch, ws.seed)

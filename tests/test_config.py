@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from dlcrepro.config import _ALIGNMENT, Config, ConfigError, ModelConfig, Range, build, load
+from dlcrepro.paths import model_dir, resolve_dataset_path
 from conftest import ROOT, SMOKE
 
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -209,12 +210,10 @@ def test_hf_model_missing_from_cache_says_how_to_fetch_it(tmp_path, monkeypatch)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     cfg = load(ROOT / "configs" / "paper.yaml")
     with pytest.raises(ConfigError, match=r"models\.qwen3-0\.6b\.path='Qwen/Qwen3-0\.6B'.*huggingface-cli download Qwen/Qwen3-0\.6B"):
-        cfg.model_dir("qwen3-0.6b")
+        model_dir(cfg, "qwen3-0.6b")
 
 
 def test_hf_model_and_dataset_found_in_the_cache(tmp_path, monkeypatch):
-    from dlcrepro.data import resolve_dataset_path
-
     hub = tmp_path / "hub"
     snap = hub / "models--Qwen--Qwen3-0.6B" / "snapshots" / "abc123"
     snap.mkdir(parents=True)
@@ -222,13 +221,11 @@ def test_hf_model_and_dataset_found_in_the_cache(tmp_path, monkeypatch):
     data.mkdir(parents=True)
     monkeypatch.setenv("HF_HUB_CACHE", str(hub))
     cfg = load(ROOT / "configs" / "paper.yaml")
-    assert cfg.model_dir("qwen3-0.6b") == snap
+    assert model_dir(cfg, "qwen3-0.6b") == snap
     assert resolve_dataset_path(cfg.task.path) == data
 
 
 def test_missing_dataset_says_how_to_fetch_it(tmp_path, monkeypatch):
-    from dlcrepro.data import resolve_dataset_path
-
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(ConfigError, match="--repo-type dataset Jiayi-Pan/Countdown-Tasks-3to4"):
         resolve_dataset_path("Jiayi-Pan/Countdown-Tasks-3to4")

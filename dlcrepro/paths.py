@@ -1,0 +1,50 @@
+"""Where a config's models and data sets are on disk: local paths, the warm-start output of tiny
+models, and the local Hugging Face cache (never downloaded). Below `config` (the typed schema),
+which it reads; torch-free."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .config import Config, ConfigError
+
+
+def hf_hub_cache() -> Path:
+    """The Hugging Face hub cache directory ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    return Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser() / "hub"
+
+
+def resolve_local(path: str, kind: str, key: str) -> Path:
+    """A local path, or a Hugging Face `kind` ("model" or "dataset") id found in the local cache.
+
+    Never downloads: jobs run with HF_HUB_OFFLINE=1, so a missing item is an error saying how to
+    fetch it on a login node.
+    """
+    p = Path(path).expanduser()
+    if p.exists():
+        return p
+    hub = hf_hub_cache()
+    snaps = sorted((hub / f"{kind}s--{path.replace('/', '--')}" / "snapshots").glob("*"))
+    if snaps:
+        return snaps[-1]
+    flag = " --repo-type dataset" if kind == "dataset" else ""
+    raise ConfigError(
+        f"{key}={path!r}: no such path and not in the Hugging Face cache ({hub}). "
+        f"Fetch it on a login node first: `huggingface-cli download{flag} {path}`"
+    )
+
+
+def resolve_dataset_path(path: str) -> Path:
+    return resolve_local(path, "dataset", "task.path")
+
+
+def model_dir(cfg: Config, model: str) -> Path:
+    """Where the model's weights are: the warm-start output for tiny models, else its local
+    path or Hugging Face cache snapshot (never downloaded)."""
+    m = cfg.models[model]
+    if m.kind == "tiny":
+        return Path(cfg.artifacts) / model / "model"
+    return resolve_local(m.path, "model", f"models.{model}.path")
