@@ -179,6 +179,7 @@ TABLE_NAMES = [
     "spearman",
     "probe_density",
     "findings",
+    "zoo",
 ]
 FIGURE_NAMES = [
     "mismatch",
