@@ -191,7 +191,7 @@ def _weights_present(d: Path) -> bool:
 def needs(cfg: Config) -> list[Need]:
     """What the grid's jobs read from disk and do not build: each `hf` model's weights and a parquet
     task's data, found as a local path or in the Hugging Face cache (never downloaded)."""
-    from .data import resolve_local
+    from .paths import resolve_local
 
     out = []
     items = [(f"models.{m}.path", cfg.models[m].path, "model") for m in dict.fromkeys(cfg.grid.models) if cfg.models[m].kind == "hf"]
@@ -213,7 +213,7 @@ def needs(cfg: Config) -> list[Need]:
 
 def missing_message(cfg: Config) -> str:
     """The missing weights and data with the line that fetches each; "" when nothing is missing."""
-    from .data import hf_hub_cache
+    from .paths import hf_hub_cache
 
     bad = [n for n in needs(cfg) if n.problem]
     if not bad:
@@ -238,7 +238,7 @@ def _hours(minutes: float) -> str:
 def plan_text(cfg: Config, source: str = "") -> str:
     """The plan: cells trained vs copied, GPU-hours requested (Σ runtime × GPUs) and estimated by
     the cost model per model, the largest single job, and the weights and data the jobs read."""
-    from .data import hf_hub_cache
+    from .paths import hf_hub_cache
 
     cells = grid_cells(cfg)
     g = cfg.grid
