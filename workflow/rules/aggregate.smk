@@ -33,16 +33,11 @@ rule tables:
     output:
         [
             (
-                report(
-                    f"{TABLES}/{t}.{ext}",
-                    category="Tables",
-                    caption="../report/tables.rst",
-                )
-                if ext == "csv"
-                else f"{TABLES}/{t}.{ext}"
+                report(f, category="Tables", caption="../report/tables.rst")
+                if f.endswith(".csv")
+                else f
             )
-            for t in TABLE_NAMES
-            for ext in ("tex", "md", "csv")
+            for f in table_files()
         ],
     log:
         f"{LOGS}/tables.log",
@@ -64,16 +59,11 @@ rule figures:
     output:
         [
             (
-                report(
-                    f"{FIGURES}/{f}.png",
-                    category="Figures",
-                    caption=f"../report/{f}.rst",
-                )
-                if ext == "png"
-                else f"{FIGURES}/{f}.{ext}"
+                report(f, category="Figures", caption=f"../report/{Path(f).stem}.rst")
+                if f.endswith(".png")
+                else f
             )
-            for f in FIGURE_NAMES
-            for ext in ("pdf", "png")
+            for f in figure_files()
         ],
     log:
         f"{LOGS}/figures.log",

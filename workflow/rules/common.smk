@@ -3,7 +3,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import yaml
@@ -192,15 +191,21 @@ FIGURE_NAMES = [
 ]
 
 
+def table_files():
+    """Every file the tables job writes: each table as .tex, .md and .csv."""
+    return [f"{TABLES}/{t}.{ext}" for t in TABLE_NAMES for ext in ("tex", "md", "csv")]
+
+
+def figure_files():
+    """Every file the figures job writes: each figure as .pdf and .png."""
+    return [f"{FIGURES}/{f}.{ext}" for f in FIGURE_NAMES for ext in ("pdf", "png")]
+
+
 def all_outputs():
     """Every table and figure, and every cell's summary: a deleted cell is then a missing target,
     so rerunning schedules it (and through collect the tables and figures), although the tables
     are still on disk."""
-    tables = [
-        f"{TABLES}/{t}.{ext}" for t in TABLE_NAMES for ext in ("tex", "md", "csv")
-    ]
-    figures = [f"{FIGURES}/{f}.{ext}" for f in FIGURE_NAMES for ext in ("pdf", "png")]
-    return tables + figures + cell_outputs("summary.json")
+    return table_files() + figure_files() + cell_outputs("summary.json")
 
 
 # ----------------------------------------------------------------------------- the plan

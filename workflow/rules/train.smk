@@ -37,7 +37,8 @@ rule train:
         f"{LOGS}/train/{{model}}/{{sampler}}/{{correction}}/seed{{seed}}.log",
     conda:
         TRAIN_ENV
-    threads: 1
+    # the cores the job uses, as the local scheduler counts them and as Slurm allocates them
+    threads: train_resources("cpus_per_task")
     resources:
         gres=train_gres,
         runtime=train_resources("runtime"),
@@ -48,6 +49,6 @@ rule train:
         model_dir=model_dir_arg,
         out=output_parent,
     shell:
-        "OMP_NUM_THREADS={resources.cpus_per_task} {params.python} -m dlcrepro train --config {input.cfg} --model {wildcards.model} "
+        "OMP_NUM_THREADS={threads} {params.python} -m dlcrepro train --config {input.cfg} --model {wildcards.model} "
         "--model-dir {params.model_dir} --sampler {wildcards.sampler} "
         "--correction {wildcards.correction} --seed {wildcards.seed} --out {params.out} > {log} 2>&1"
