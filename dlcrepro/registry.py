@@ -3,7 +3,7 @@
 This is the one list every part of the harness reads: the config check (`config.build` refuses a
 name not here, naming the known ones), the Snakefile (which imports no torch), `analysis`
 (which runs resync), and `corrections` (whose registered functions must match it one to one:
-tests/test_corrections.py fails when they disagree). Adding a correction is one entry here and one
+tests/test_corrections_practice.py fails when they disagree). Adding a correction is one entry here and one
 function in `corrections.py` decorated with `@register_correction("name")`; the grid, the tables
 and the figures then take it by name.
 """
