@@ -1,11 +1,26 @@
 import copy
 import dataclasses
 import re
+import typing
 
 import pytest
 import yaml
 
-from dlcrepro.config import _ALIGNMENT, Config, ConfigError, ModelConfig, Range, build, load
+from dlcrepro.config import (
+    _ALIGNMENT,
+    Config,
+    ConfigError,
+    EngineConfig,
+    GridConfig,
+    ModelConfig,
+    Range,
+    TaskConfig,
+    TrainConfig,
+    WarmstartConfig,
+    build,
+    literal_choices,
+    load,
+)
 from dlcrepro.paths import model_dir, resolve_dataset_path
 from conftest import ROOT, SMOKE
 
@@ -254,3 +269,31 @@ def test_chat_prompt_is_the_instruction_through_the_template_with_thinking_disab
     # the template's own markers are the only special text: the tokenizer adds none (no BOS/EOS)
     ids = data.encode_prompts(tok, [Problem((3, 7, 25), 46)], "chat")[0]
     assert ids == tok(text, add_special_tokens=False).input_ids and tok.eos_token_id not in ids
+
+
+SECTIONS = {  # the schema's node of each config dataclass
+    (): Config,
+    ("task",): TaskConfig,
+    ("engine",): EngineConfig,
+    ("train",): TrainConfig,
+    ("grid",): GridConfig,
+    ("models", "*"): ModelConfig,
+    ("models", "*", "warmstart"): WarmstartConfig,
+}
+
+
+@pytest.mark.parametrize("path", list(SECTIONS), ids=lambda p: ".".join(p) or "top")
+def test_schema_and_dataclasses_have_the_same_keys_and_choices(path):
+    """Every field of a config dataclass is a key of the schema's section and the other way round,
+    and a `Literal` field's choices are the schema's enum: the two cannot drift apart."""
+    cls = SECTIONS[path]
+    node = yaml.safe_load(SCHEMA.read_text())
+    for part in path:
+        node = node["additionalProperties"] if part == "*" else node["properties"][part]
+    fields = {f.name for f in dataclasses.fields(cls)}
+    assert set(node["properties"]) == fields, (sorted(fields - set(node["properties"])), sorted(set(node["properties"]) - fields))
+    hints = typing.get_type_hints(cls)
+    for name in fields:
+        choices = literal_choices(hints[name])
+        if choices is not None:
+            assert sorted(node["properties"][name]["enum"]) == sorted(choices), name
