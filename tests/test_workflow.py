@@ -83,6 +83,10 @@ def test_smoke_pipeline_end_to_end_then_one_cell_reruns_alone(tmp_path):
     for f in ("mismatch", "ess", "noise_floor", "accuracy", "off_support_kl", "off_support_drop", "learning"):
         assert (out["figures_dir"] / f"{f}.png").stat().st_size > 10_000
     assert len(list(out["results_dir"].glob("tiny/*/*/seed0/metrics.parquet"))) == 28
+    # every training job's max RSS and CPU time, what sizes mem_mb and runtime
+    bench = pd.read_csv(out["results_dir"] / "_benchmarks" / "train" / "tiny" / "stale" / "dlc" / "seed0.tsv", sep="\t")
+    assert {"max_rss", "cpu_time"} <= set(bench.columns) and len(bench) == 1
+    assert len(list(out["results_dir"].glob("_benchmarks/train/tiny/*/*/seed0.tsv"))) == 28
     # 8 of the 28 cells are another cell's run bit for bit (dlcrepro/grid.py): copied, not trained
     runs = pd.read_parquet(out["results_dir"] / "_aggregate" / "runs.parquet")
     copies = runs.loc[runs["computed_as"] != ""]

@@ -26,6 +26,7 @@ TABLES = config.get("tables_dir", "paper_tables")
 ARTIFACTS = config.get("artifacts", "artifacts")
 AGG = f"{RESULTS}/_aggregate"
 LOGS = f"{RESULTS}/_logs"
+BENCHMARKS = f"{RESULTS}/_benchmarks"  # Snakemake's per-job max RSS and CPU time
 
 
 def _python():

@@ -35,6 +35,10 @@ rule train:
         summary=f"{RESULTS}/{{model}}/{{sampler}}/{{correction}}/seed{{seed}}/summary.json",
     log:
         f"{LOGS}/train/{{model}}/{{sampler}}/{{correction}}/seed{{seed}}.log",
+    # max_rss (MB) and cpu_time (s) of the cell: what sizes mem_mb and runtime. Under the local
+    # fork server the job's process is only the client (the cell runs in the server's child).
+    benchmark:
+        f"{BENCHMARKS}/train/{{model}}/{{sampler}}/{{correction}}/seed{{seed}}.tsv"
     conda:
         TRAIN_ENV
     # the cores the job uses, as the local scheduler counts them and as Slurm allocates them

@@ -1,6 +1,6 @@
 """Where one grid cell's time goes, and what the engine wrapper costs over raw vLLM.
 
-    .venv/bin/python benchmarks/cell_phases.py [--config configs/tiny.yaml] [--sampler stale]
+    .venv/bin/python bench/cell_phases.py [--config configs/tiny.yaml] [--sampler stale]
         [--correction dlc] [--steps 10] [--threads 1]
 
 Prints (1) the set-up of a training job piece by piece (imports, problem set, models, engines),

@@ -1,6 +1,6 @@
 """Where the trainer's time goes in one paper step: the PyTorch profiler over each piece.
 
-    python3 benchmarks/trainer_profile.py [--model qwen3-0.6b] [--device cuda] [--top 15]
+    python3 bench/trainer_profile.py [--model qwen3-0.6b] [--device cuda] [--top 15]
 
 Builds the paper model's architecture with random weights (`gpu_check.QWEN3_ARCH`, no download),
 a `Learner` with `configs/paper.yaml`'s train settings, and a batch of the paper step's shape
