@@ -12,18 +12,19 @@ import yaml
 
 from conftest import ROOT, SMOKE
 from dlcrepro.config import TrainConfig, to_dict
-from dlcrepro.grid import computed_as
+from dlcrepro.grid import SAMPLERS, computed_as
+from dlcrepro.registry import CORRECTION_INFO
 
-CORRECTIONS = ["pg", "center", "is", "is_center", "ppo", "dlc", "is_resync"]
+CORRECTIONS = list(CORRECTION_INFO)  # every registered correction: a new one is checked too
 
 
 def same_as_map(train: TrainConfig) -> dict[str, dict[str, str]]:
-    return {s: {c: computed_as(s, c, train)[0] for c in CORRECTIONS} for s in ("bf16", "fp8", "stale", "fp8_stale")}
+    return {s: {c: computed_as(s, c, train)[0] for c in CORRECTIONS} for s in SAMPLERS}
 
 
 def test_the_grid_module_imports_without_torch():
     # the Snakefile imports it from a Snakemake env that may have no torch
-    code = "import sys, dlcrepro.grid, dlcrepro.config; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, dlcrepro.grid, dlcrepro.config, dlcrepro.registry; assert 'torch' not in sys.modules, 'torch imported'"
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
 
