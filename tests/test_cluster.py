@@ -107,6 +107,20 @@ def test_a_dry_run_of_the_paper_grid_prints_the_plan_first(tmp_path):
     assert text.index("168 cells: 120 trained, 48 copied") < text.index("Job stats")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch has no CUDA device")
+def test_a_gpu_models_job_config_carries_its_gpu_count_so_the_job_can_refuse_a_cpu_torch(tmp_path):
+    """Jobs read results/_config/<model>.yaml, which leaves Slurm resources out (editing them reruns
+    nothing) except the GPU count: without it a job could not know it must not train on CPU."""
+    results = tmp_path / "results"
+    cmd = [sys.executable, "-m", "snakemake", "--nolock", "-n", "--quiet", "rules", "--configfile", str(PAPER), "--config", f"results_dir={results}"]
+    p = run(cmd, fake_hf_cache(tmp_path / "hub"))
+    assert p.returncode == 0, p.stdout[-3000:]
+    job_cfg = load(results / "_config" / "qwen3-0.6b.yaml")
+    assert job_cfg.models["qwen3-0.6b"].resources == {"gpu": 1}  # runtime, memory, cores stay out
+    with pytest.raises(cluster.DeviceError, match="models.qwen3-0.6b.resources.gpu=1 asks for a GPU"):
+        cluster.check_device(job_cfg, "qwen3-0.6b")
+
+
 def test_a_local_dry_run_of_the_smoke_grid_needs_no_cache_and_prints_no_plan(tmp_path):
     p = snakemake_dry_run(tmp_path / "empty-hub", SMOKE)
     assert p.returncode == 0, (p.stdout)[-3000:]

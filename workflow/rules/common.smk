@@ -105,7 +105,8 @@ def cell_outputs(name):
 
 
 # What each kind of job's results depend on. Editing a plot option or a Slurm resource reruns
-# nothing; editing `train.lr` reruns every cell but not the warm start.
+# nothing (except a cell's GPU count: the device it trains on); editing `train.lr` reruns every
+# cell but not the warm start.
 JOB_SECTIONS = {
     "warmstart": ("name", "artifacts", "task", "engine"),
     "train": ("name", "artifacts", "task", "engine", "train"),
@@ -118,6 +119,9 @@ def job_config_path(model, job):
     sub = {k: config[k] for k in JOB_SECTIONS[job] if k in config}
     skip = {"resources"} | ({"train"} if job == "warmstart" else set())
     sub["models"] = {model: {k: v for k, v in config["models"][model].items() if k not in skip}}
+    gpus = cluster.job_resources(CFG, model)["gpu"]
+    if job == "train" and gpus > 0:  # the job checks it has them (cluster.check_device)
+        sub["models"][model]["resources"] = {"gpu": gpus}
     text = yaml.safe_dump(sub, sort_keys=True)
     path = Path(RESULTS) / "_config" / (f"{model}.yaml" if job == "train" else f"{model}.{job}.yaml")
     if not path.exists() or path.read_text() != text:
