@@ -99,14 +99,19 @@ def test_smoke_grid_through_slurm_then_a_deleted_cell_reruns_with_its_copy_only(
     assert (src / "summary.json").exists() and copy["computed_as"] == str(src)
 
 
-def test_gpu_marked_job_receives_its_gpu(slurm_cluster, snakemake_slurm, outdirs, tmp_path):
+def test_gpu_marked_job_receives_its_gpu_and_refuses_to_train_on_a_cpu_torch(slurm_cluster, snakemake_slurm, outdirs, tmp_path):
+    """`gpu: 1` reaches the job as --gres=gpu:1 (CUDA_VISIBLE_DEVICES: one of the local cluster's
+    fake GPUs), and the job, whose torch is the CPU build, stops before training, naming its
+    environment (dlcrepro/cluster.py, check_device)."""
     out, config = outdirs
-    target = out["results_dir"] / "tiny" / "bf16" / "pg" / "seed0" / "summary.json"
+    cell = out["results_dir"] / "tiny" / "bf16" / "pg" / "seed0"
     cfg = smoke_variant(tmp_path, resources={"gpu": 1})
-    p = run(slurm_cmd(snakemake_slurm, config, target, configfile=cfg))
-    assert p.returncode == 0, p.stderr[-4000:]
-    log = (out["results_dir"] / "tiny" / "bf16" / "pg" / "seed0" / "train.log").read_text()
-    assert re.search(r"CUDA_VISIBLE_DEVICES=\d", log), log
+    p = run(slurm_cmd(snakemake_slurm, config, cell / "summary.json", configfile=cfg))
+    assert p.returncode != 0, p.stderr[-4000:]
+    log = (out["results_dir"] / "_logs" / "train" / "tiny" / "bf16" / "pg" / "seed0.log").read_text()
+    assert re.search(r"CUDA_VISIBLE_DEVICES=\d", log) and "SLURM_JOB_ID=" in log, log
+    assert "resources.gpu=1 asks for a GPU, but this torch is a CPU-only build" in log and sys.executable in log, log
+    assert not (cell / "train.log").exists()  # nothing was trained
 
 
 def test_scancel_mid_run_fails_the_job_and_the_rerun_resumes_from_its_checkpoint(slurm_cluster, snakemake_slurm, outdirs, tmp_path):
@@ -132,4 +137,33 @@ def test_scancel_mid_run_fails_the_job_and_the_rerun_resumes_from_its_checkpoint
     assert p.returncode == 0, p.stderr[-4000:]
     log = (cell / "train.log").read_text()
     assert re.search(r"resuming .* from step [1-9]", log), log
+    assert target.exists()
+
+
+def test_requeued_job_resumes_from_its_checkpoint_under_the_same_job_id(slurm_cluster, snakemake_slurm, outdirs, tmp_path):
+    """`--slurm-requeue` (sbatch --requeue), for preemptible partitions: a job that Slurm requeues
+    (here `scontrol requeue`, what preemption with PreemptMode=REQUEUE does) starts again under the
+    same job ID, the cell resumes from its checkpoint, and snakemake, still watching that ID, sees
+    it complete: one run, no failure, no resubmission."""
+    out, config = outdirs
+    cell = out["results_dir"] / "tiny" / "stale" / "dlc" / "seed0"
+    target = cell / "summary.json"
+    cfg = smoke_variant(tmp_path, train={"steps": 12, "ckpt_every": 2, "eval_every": 4})
+    cmd = slurm_cmd(snakemake_slurm, config, target, extra=("--retries", "0", "--slurm-requeue"), configfile=cfg)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 600
+    while not (cell / "checkpoint.pt").exists():
+        assert proc.poll() is None and time.time() < deadline, "the job ended before its first checkpoint"
+        time.sleep(0.2)
+    running = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    assert len(running) == 1, running  # the training job (the warm start has finished)
+    job = running[0]
+    shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+    assert "Requeue=1" in shown, shown
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    output, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, output[-4000:]
+    log = (cell / "train.log").read_text()
+    assert re.search(r"resuming .* from step [1-9]", log), log
+    assert log.count(f"SLURM_JOB_ID={job}") == 2, log  # both runs, one job
     assert target.exists()
