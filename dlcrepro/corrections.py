@@ -172,8 +172,6 @@ def token_logp(t: TokenTerms) -> torch.Tensor:
     return t.logp().gather(-1, t.tokens[:, None]).squeeze(-1)
 
 
-
-
 def per_sequence_sum(x: torch.Tensor, t: TokenTerms) -> torch.Tensor:
     """`(num_seqs,)` the sum of a per-token `(N,)` quantity over each sequence's tokens."""
     return torch.zeros(t.num_seqs, dtype=x.dtype, device=x.device).index_add_(0, t.seq, x)
