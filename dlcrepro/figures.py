@@ -20,7 +20,7 @@ LAGGED = ("stale", "fp8_stale")
 def _save(fig, out: Path, name: str) -> None:
     fig.tight_layout()
     for ext in ("pdf", "png"):
-        atomic_save(out / f"{name}.{ext}", lambda tmp, e=ext: fig.savefig(tmp, format=e, dpi=130))
+        atomic_save(out / f"{name}.{ext}", lambda tmp, e=ext: fig.savefig(tmp, format=e, dpi=130, bbox_inches="tight"))
     plt.close(fig)
 
 
@@ -35,6 +35,19 @@ def _absent(out: Path, name: str, why: str) -> None:
 def _grid(n_rows: int, n_cols: int, w=4.2, h=3.2, **kw):
     fig, axes = plt.subplots(n_rows, n_cols, figsize=(w * n_cols, h * n_rows), squeeze=False, **kw)
     return fig, axes
+
+
+def _shared_legend(fig, axes, title: str) -> None:
+    """One legend right of the panels instead of one inside each (a grid of 14 corrections would
+    cover every panel); entries in the order they were first drawn, each once."""
+    entries = {}
+    for ax in axes.flat:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, h)
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    if entries:
+        fig.legend(list(entries.values()), list(entries), title=title, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
 
 
 def mismatch(steps: pd.DataFrame, out: Path) -> None:
@@ -75,14 +88,17 @@ def noise_floor(steps: pd.DataFrame, out: Path) -> None:
     d["ratio_ma"] = d.groupby(A.RUN)["dev_ratio"].transform(lambda x: x.rolling(A.LEAVE_FLOOR_WINDOW, min_periods=1).mean())
     d = d.loc[d["dev_ratio"].notna()]
     models, samplers = sorted(d["model"].unique()), [s for s in ("bf16", "fp8", "stale", "fp8_stale") if s in set(d["sampler"])]
+    order = sorted(d["correction"].unique())  # the same colour for a correction in every panel
     fig, axes = _grid(len(models), len(samplers), sharey=True)
     for i, m in enumerate(models):
         for j, s in enumerate(samplers):
             ax = axes[i, j]
-            sns.lineplot(data=d.loc[(d["model"] == m) & (d["sampler"] == s)], x="step", y="ratio_ma", hue="correction", ax=ax, errorbar=None, marker="o")
+            sns.lineplot(data=d.loc[(d["model"] == m) & (d["sampler"] == s)], x="step", y="ratio_ma", hue="correction", hue_order=order,
+                         ax=ax, errorbar=None, marker="o")
             ax.axhline(1.0, color="k", lw=0.8, ls=":", label="noise floor")
             ax.axhline(A.LEAVE_FLOOR_RATIO, color="grey", lw=0.8, ls="--", label="2x floor")
             ax.set(yscale="log", title=f"{m} / {s}", xlabel="step", ylabel="dev / floor (3-step mean)")
+    _shared_legend(fig, axes, "correction")
     _save(fig, out, "noise_floor")
 
 
@@ -90,12 +106,15 @@ def accuracy(steps: pd.DataFrame, out: Path) -> None:
     """Test accuracy (the reported measure: train.eval_on / eval_mode) at eval steps, per correction and sampler (mean over seeds)."""
     d = steps.loc[steps["test_accuracy"].notna()]
     models, samplers = sorted(d["model"].unique()), [s for s in ("bf16", "fp8", "stale", "fp8_stale") if s in set(d["sampler"])]
+    order = sorted(d["correction"].unique())
     fig, axes = _grid(len(models), len(samplers), sharey=True)
     for i, m in enumerate(models):
         for j, s in enumerate(samplers):
             ax = axes[i, j]
-            sns.lineplot(data=d.loc[(d["model"] == m) & (d["sampler"] == s)], x="step", y="test_accuracy", hue="correction", ax=ax, errorbar=None, marker="o")
+            sns.lineplot(data=d.loc[(d["model"] == m) & (d["sampler"] == s)], x="step", y="test_accuracy", hue="correction", hue_order=order,
+                         ax=ax, errorbar=None, marker="o")
             ax.set(title=f"{m} / {s}", xlabel="step", ylabel="test accuracy (reported measure)")
+    _shared_legend(fig, axes, "correction")
     _save(fig, out, "accuracy")
 
 
