@@ -292,24 +292,9 @@ def plan_text(cfg: Config, source: str = "") -> str:
 
 
 def load_merged(paths: list[str], overrides: dict[str, Any] | None = None) -> Config:
-    """Config files merged in order as Snakemake merges `--configfile`s (nested keys updated),
-    then dotted overrides; built (ranges checked) without importing torch."""
-    import yaml
+    """Config files merged in order as Snakemake merges `--configfile`s (nested keys updated; a
+    file with a `base` key laid over its base first), then dotted overrides; built (ranges
+    checked) without importing torch."""
+    from .config import build, read_layers
 
-    from .config import build
-
-    def merge(a: dict, b: dict) -> dict:
-        return {**a, **{k: merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v for k, v in b.items()}}
-
-    data: dict = {}
-    for p in paths:
-        if not Path(p).exists():
-            raise ConfigError(f"config file {p} does not exist")
-        data = merge(data, yaml.safe_load(Path(p).read_text()) or {})
-    for dotted, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return build(data)
+    return build(read_layers(paths, overrides))

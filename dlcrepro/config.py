@@ -401,19 +401,52 @@ def build(data: dict[str, Any]) -> Config:
     return _check_grid_names(_build(Config, data, ""))
 
 
-def load(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
-    """Read, merge `overrides` (dotted keys), build and validate a config file."""
-    path = Path(path)
+BASE_KEY = "base"  # an overlay file's `base: configs/tiny.yaml`: the file it is laid over
+
+
+def merge_layers(under: dict, over: dict) -> dict:
+    """`over` laid on `under` as Snakemake merges `--configfile`s: nested mappings updated key by
+    key, anything else replaced."""
+    return {**under, **{k: merge_layers(under[k], v) if isinstance(v, dict) and isinstance(under.get(k), dict) else v
+                        for k, v in over.items()}}
+
+
+def with_base(data: dict, seen: tuple[str, ...] = ()) -> dict:
+    """A parsed config laid over the file its `base` key names (a path from the working directory,
+    the repository root for the workflow; a base may have its own base), without the key."""
+    base = data.get(BASE_KEY)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ConfigError(f"{BASE_KEY}: expected the path of a config file, got {base!r}")
+    if base in seen:
+        raise ConfigError(f"{BASE_KEY}: {base} is its own base ({' -> '.join(seen + (base,))})")
+    path = Path(base)
     if not path.exists():
-        raise ConfigError(f"config file {path} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
+        raise ConfigError(f"{BASE_KEY}: config file {base} does not exist (a path from the working directory)")
+    under = with_base(yaml.safe_load(path.read_text()) or {}, seen + (base,))
+    return merge_layers(under, {k: v for k, v in data.items() if k != BASE_KEY})
+
+
+def read_layers(paths: list[str | Path], overrides: dict[str, Any] | None = None) -> dict:
+    """Config files merged in order (each laid over its `base` first), then dotted overrides."""
+    data: dict = {}
+    for path in map(Path, paths):
+        if not path.exists():
+            raise ConfigError(f"config file {path} does not exist")
+        data = merge_layers(data, with_base(yaml.safe_load(path.read_text()) or {}, (str(path),)))
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")
         for p in parents:
             node = node.setdefault(p, {})
         node[leaf] = value
-    return validate(build(data))
+    return data
+
+
+def load(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
+    """Read a config file (laid over its `base`), merge `overrides` (dotted keys), build and validate."""
+    return validate(build(read_layers([path], overrides)))
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

@@ -297,3 +297,25 @@ def test_schema_and_dataclasses_have_the_same_keys_and_choices(path):
         choices = literal_choices(hints[name])
         if choices is not None:
             assert sorted(node["properties"][name]["enum"]) == sorted(choices), name
+
+
+def test_an_overlay_stands_on_its_own_through_its_base(tmp_path, monkeypatch):
+    """configs/zoo.yaml names configs/tiny.yaml as its base: alone or after tiny.yaml it is the same
+    config; a missing base or a cycle is an error naming the file."""
+    from dlcrepro.config import read_layers
+
+    monkeypatch.chdir(ROOT)
+    alone, layered = read_layers(["configs/zoo.yaml"]), read_layers(["configs/tiny.yaml", "configs/zoo.yaml"])
+    assert alone == layered and "base" not in alone
+    cfg = load(ROOT / "configs" / "zoo.yaml")
+    tiny = load(ROOT / "configs" / "tiny.yaml")
+    assert len(cfg.grid.corrections) == 14 and cfg.train == tiny.train and cfg.tables_dir == "paper_tables/zoo"
+    assert load(ROOT / "configs" / "replicate.yaml").grid.seeds == [0, 1, 2, 3, 4, 5]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match=r"base: a.yaml is its own base \(a.yaml -> b.yaml -> a.yaml\)"):
+        read_layers(["a.yaml"])
+    (tmp_path / "c.yaml").write_text("base: configs/nope.yaml\n")
+    with pytest.raises(ConfigError, match="base: config file configs/nope.yaml does not exist"):
+        read_layers(["c.yaml"])

@@ -33,6 +33,15 @@ def test_paper_grid_is_168_training_jobs(tmp_path):
     assert jobs["train"] == "168" and "warmstart" not in jobs  # hf models are not warm-started
 
 
+@pytest.mark.parametrize("files", [["configs/zoo.yaml"], ["configs/tiny.yaml", "configs/zoo.yaml"]])
+def test_the_zoo_overlay_stands_on_its_own(files):
+    """configs/zoo.yaml names its base: alone it is the tiny study's grid with every correction."""
+    p = snakemake("-n", "--configfile", *files, "--quiet", "rules")
+    assert p.returncode == 0, p.stderr[-2000:]
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
+    assert jobs["train"] == "168" and jobs["warmstart"] == "1"  # 14 corrections x 4 samplers x 3 seeds
+
+
 def bad_config(tmp_path, edit):
     cfg = yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text())
     edit(cfg)

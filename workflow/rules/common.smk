@@ -10,12 +10,19 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
-validate(config, schema="../schemas/config.schema.yaml")
-
 # The package's torch-free modules, from this checkout (the Snakemake env need not have it installed).
 sys.path.insert(0, str(Path(workflow.basedir).resolve()))
 from dlcrepro import cluster
 from dlcrepro.config import build as build_config
+from dlcrepro.config import with_base
+
+# An overlay (`base: configs/tiny.yaml`, as configs/zoo.yaml) stands on its own: laid over its base
+# here, the key gone, so the jobs' configs are those of the merged file.
+if "base" in config:
+    _merged = with_base(config)
+    config.clear()
+    config.update(_merged)
+validate(config, schema="../schemas/config.schema.yaml")
 from dlcrepro.grid import computed_as
 
 CFG = build_config(config)
