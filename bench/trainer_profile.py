@@ -58,10 +58,10 @@ def main() -> None:
           f"{s.tb.tokens.numel()} response tokens, micro_batch {tcfg.micro_batch}, device {dev}")
     state = {}
     pieces = {
-        "log_probs (θ_t, θ_s)": lambda: state.update(zip("abk", learner.log_probs(s, synced=False)[:2] + (None,))),
+        "log_probs (θ_t, θ_s)": lambda: state.update(lp=learner.log_probs(s, synced=False)),
         "pg_grad (one probe)": lambda: learner.pg_grad(s),
         "token_logp (θ_0)": lambda: learner.token_logp(learner.initial_model, s.tb),
-        "correction_grad (dlc)": lambda: learner.correction_grad(s, r, e, state["a"], state["b"], False, None),
+        "correction_grad (dlc)": lambda: learner.correction_grad(s, r, e, state["lp"], False, None),
     }
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     sort = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"

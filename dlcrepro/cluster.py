@@ -198,6 +198,10 @@ def needs(cfg: Config) -> list[Need]:
     if cfg.task.source == "parquet":
         items.append(("task.path", cfg.task.path, "dataset"))
     for key, value, kind in items:
+        if not value:  # the schema allows it; validate() refuses it, but the Snakefile only builds
+            what = "for kind 'hf'" if kind == "model" else "when task.source is 'parquet'"
+            out.append(Need(key, value, None, f"{key} is required {what}: a local path or a Hugging Face id", ""))
+            continue
         flag = " --repo-type dataset" if kind == "dataset" else ""
         fix = f"huggingface-cli download{flag} {value}" if "/" in value and not Path(value).is_absolute() else ""
         try:

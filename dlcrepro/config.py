@@ -95,7 +95,7 @@ class EngineConfig:
     ids)."""
     topk: int = field(default=64, metadata=allowed(ge=0))
     """engine next-token log-probs returned per position for score centring (full vocab if >=
-    vocab); asked for only by corrections registered with needs_q (center, is_center, dlc)."""
+    vocab); asked for only by corrections registered with needs_q (center, is_center, dlc, center_tis)."""
     kv_cache_mib: int = field(default=128, metadata=allowed(ge=1))
     """KV-cache memory per engine on CPU, MiB (vLLM's kv_cache_memory_bytes)."""
     dtype: str = "bfloat16"
@@ -201,7 +201,7 @@ class TrainConfig:
     clip_c: float = field(default=2.0, metadata=allowed(gt=0))
     """C: DLC's clip on the lag ratio; tis's and center_tis's truncation of the token ratio."""
     ppo_eps: float = field(default=0.2, metadata=allowed(gt=0, lt=1))
-    """PPO clip epsilon (ppo, decoupled_ppo)."""
+    """PPO clip epsilon (ppo, decoupled_ppo, icepop)."""
     seq_clip_c: float = field(default=2.0, metadata=allowed(gt=0))
     """seq_tis's truncation and seq_mis's upper rejection threshold C_seq on the sequence ratio
     (verl: 2)."""
@@ -211,14 +211,16 @@ class TrainConfig:
     """geo_rs keeps a sequence whose geometric-mean ratio lies in [geo_low, geo_high] (verl's
     Geo-RS)."""
     geo_high: float = field(default=1.001, metadata=allowed(ge=1))
+    """the upper end of geo_rs's band (verl's Geo-RS: 1.001)."""
     icepop_low: float = field(default=0.5, metadata=allowed(gt=0, le=1))
     """icepop keeps a token whose ratio lies in [icepop_low, icepop_high] (IcePop's α, β in
     Ring-1T)."""
     icepop_high: float = field(default=5.0, metadata=allowed(ge=1))
+    """IcePop's β: the largest trainer/engine ratio a token keeps (Ring-1T: 5)."""
     behav_weight_cap: float = field(default=5.0, metadata=allowed(gt=0))
     """decoupled_ppo drops a token whose behaviour weight π_prox/π_behav exceeds this (AReaL's cap)."""
     updates_per_batch: int = field(default=1, metadata=allowed(ge=1))
-    """PPO: SGD steps per batch."""
+    """SGD steps per batch of the corrections that take several (ppo, decoupled_ppo, icepop)."""
     probe_every: int = field(default=1, metadata=allowed(ge=1))
     """draw the two on-policy probe batches every this many steps (dev, floor, off_support)."""
     eval_every: int = field(default=10, metadata=allowed(ge=1))
@@ -419,7 +421,7 @@ def with_base(data: dict, seen: tuple[str, ...] = ()) -> dict:
         return data
     if not isinstance(base, str):
         raise ConfigError(f"{BASE_KEY}: expected the path of a config file, got {base!r}")
-    if base in seen:
+    if base in seen or str(Path(base).resolve()) in {str(Path(s).resolve()) for s in seen}:
         raise ConfigError(f"{BASE_KEY}: {base} is its own base ({' -> '.join(seen + (base,))})")
     path = Path(base)
     if not path.exists():
@@ -429,12 +431,14 @@ def with_base(data: dict, seen: tuple[str, ...] = ()) -> dict:
 
 
 def read_layers(paths: list[str | Path], overrides: dict[str, Any] | None = None) -> dict:
-    """Config files merged in order (each laid over its `base` first), then dotted overrides."""
+    """Config files merged in order as Snakemake merges them, then laid over the merged `base`
+    (the last one given) once, then dotted overrides: what the Snakefile sees."""
     data: dict = {}
     for path in map(Path, paths):
         if not path.exists():
             raise ConfigError(f"config file {path} does not exist")
-        data = merge_layers(data, with_base(yaml.safe_load(path.read_text()) or {}, (str(path),)))
+        data = merge_layers(data, yaml.safe_load(path.read_text()) or {})
+    data = with_base(data)
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")

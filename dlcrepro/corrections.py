@@ -357,8 +357,8 @@ def center_tis(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
     onehot = torch.nn.functional.one_hot(t.tokens, t.logits.shape[-1]).to(pi.dtype)
     direction = w[:, None] * onehot - m - (w - m.sum(-1))[:, None] * pi
     loss = -(t.adv * (sg(direction) * t.logits.float()).sum(-1)).mean()
-    rho = torch.exp(sg(logp.gather(-1, t.tokens[:, None]).squeeze(-1)) - t.e)
-    return CorrectionLoss(loss, TokenWeights(w, clipped=rho > p.clip_c))
+    ratio = (pi / t.q.clamp_min(1e-30)).gather(-1, t.tokens[:, None]).squeeze(-1)  # the weight before truncation
+    return CorrectionLoss(loss, TokenWeights(w, clipped=ratio > p.clip_c))
 
 
 # ----------------------------------------------------------------------------- diagnostics

@@ -26,7 +26,9 @@ class CorrectionInfo:
     multi_update: bool = False
     # the loss reads the engine's next-token distribution q (its top-k log-probs).
     needs_q: bool = False
-    # the loss reads whole sequences (TokenTerms.seq): a sequence-level ratio, mask or mean.
+    # the loss reads whole sequences (TokenTerms.seq): a sequence-level ratio, mask or mean. For the
+    # reader only: every micro-batch holds whole sequences (TokenBatch.chunks), so no code path
+    # branches on it; a batch split inside a sequence would break these corrections.
     needs_sequences: bool = False
 
 

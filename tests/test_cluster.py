@@ -181,3 +181,19 @@ def test_a_gpu_config_job_exits_at_once_with_the_error(tmp_path):
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "error: models.tiny.resources.gpu=1 asks for a GPU" in p.stderr, p.stderr[-2000:]
     assert "Traceback" not in p.stderr
+
+
+def test_a_job_finds_an_hf_model_given_by_its_id(tmp_path, monkeypatch):
+    """The workflow hands a paper job `--model-dir Qwen/Qwen3-0.6B` (the config's path): the job
+    finds its snapshot in the local cache, and a model missing there is an error saying how to fetch it."""
+    from dlcrepro.config import ConfigError
+    from dlcrepro.train import cell_model_dir
+
+    cfg = cluster.load_merged([str(PAPER)])
+    monkeypatch.setenv("HF_HUB_CACHE", str(fake_hf_cache(tmp_path / "hub", models=PAPER_MODELS[:1], datasets=())))
+    monkeypatch.chdir(tmp_path)  # no directory named like the id here
+    model = next(m for m, c in cfg.models.items() if c.path == PAPER_MODELS[0])
+    assert cell_model_dir(cfg, model, PAPER_MODELS[0]) == next((tmp_path / "hub").glob("models--*/snapshots/*"))
+    other = next(m for m, c in cfg.models.items() if c.path == PAPER_MODELS[1])
+    with pytest.raises(ConfigError, match=f"huggingface-cli download {PAPER_MODELS[1]}"):
+        cell_model_dir(cfg, other, PAPER_MODELS[1])

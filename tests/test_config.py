@@ -311,10 +311,13 @@ def test_an_overlay_stands_on_its_own_through_its_base(tmp_path, monkeypatch):
     tiny = load(ROOT / "configs" / "tiny.yaml")
     assert len(cfg.grid.corrections) == 14 and cfg.train == tiny.train and cfg.tables_dir == "paper_tables/zoo"
     assert load(ROOT / "configs" / "replicate.yaml").grid.seeds == [0, 1, 2, 3, 4, 5]
+    # two overlays: merged first, the base laid under them once (as the Snakefile does)
+    both = read_layers(["configs/zoo.yaml", "configs/replicate.yaml"])
+    assert len(both["grid"]["corrections"]) == 14 and both["grid"]["seeds"] == [0, 1, 2, 3, 4, 5]
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a.yaml").write_text("base: b.yaml\n")
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")
-    with pytest.raises(ConfigError, match=r"base: a.yaml is its own base \(a.yaml -> b.yaml -> a.yaml\)"):
+    with pytest.raises(ConfigError, match=r"base: b.yaml is its own base \(b.yaml -> a.yaml -> b.yaml\)"):
         read_layers(["a.yaml"])
     (tmp_path / "c.yaml").write_text("base: configs/nope.yaml\n")
     with pytest.raises(ConfigError, match="base: config file configs/nope.yaml does not exist"):

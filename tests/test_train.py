@@ -114,11 +114,15 @@ def test_unknown_sampler_is_a_clear_error(tiny_model_dir, tmp_path):
 
 def test_micro_batched_step_gives_the_full_batch_numbers(tiny_model_dir, smoke_cfg):
     """Chunking a batch into micro-batches (the GPU memory plan) changes no number: log-probs,
-    sampler KL, the correction's direction (stale sampler, θ_s ≠ θ_t) and the probe gradient."""
+    sampler KL, the correction's direction (stale sampler, θ_s ≠ θ_t) and the probe gradient; and
+    a rejection that averages over its kept tokens (seq_mis, here dropping about half the
+    sequences) gives the gradient of its own loss on the whole batch."""
+    import dataclasses
+
     import torch
 
-    from dlcrepro.corrections import get_correction
-    from dlcrepro.train import Cell, PhaseTimer, Trainer
+    from dlcrepro.corrections import TokenTerms, get_correction
+    from dlcrepro.train import Cell, PhaseTimer, Trainer, flat_grad
 
     tr = Trainer(smoke_cfg, "tiny", "stale", "dlc", 0, tiny_model_dir)
     tr.engine.load_weights(tr.state(), 0)
@@ -132,6 +136,9 @@ def test_micro_batched_step_gives_the_full_batch_numbers(tiny_model_dir, smoke_c
     s = tr.score(rollout, idx)
     assert s.tb.num_seqs == 16 and len(s.tb.chunks(5)) == 4
     e = rollout.engine_logp
+    # seq_mis's band cut at the batch's median sequence ratio: some sequences dropped, some kept
+    log_rho = torch.zeros(s.tb.num_seqs).index_add_(0, s.tb.seq, tr.log_probs(s, synced=False).b - e)
+    tr.cparams = dataclasses.replace(tr.cparams, seq_mis_low=0.0, seq_clip_c=float(log_rho.median().exp()) * (1 + 1e-6))
     results = {}
     for mb in (1024, 5):
         tr.tcfg.micro_batch = mb
@@ -146,6 +153,14 @@ def test_micro_batched_step_gives_the_full_batch_numbers(tiny_model_dir, smoke_c
                        *diag_dlc.values(), *diag_seq.values())
     full, chunked = results[1024], results[5]
     assert (full[0] - full[1]).abs().max() > 0  # the lag is real
+    assert 0 < diag_seq["corr_masked_seq_share"] < 1
+    # the kept-token mean's gradient, straight from the loss on the whole batch
+    logits = tr.logits(tr.policy, s.tb)
+    terms = TokenTerms(logits=logits, tokens=s.tb.tokens, adv=s.adv_tok, e=e, a=lp.a, old=lp.b, q=None,
+                       logp_s=tr.sampler_logp(s.tb, False, None), seq=s.tb.seq, num_seqs=s.tb.num_seqs)
+    reference = flat_grad(get_correction("seq_mis").fn(terms, tr.cparams).loss, tr.params)
+    for g in (full[4], chunked[4]):
+        assert torch.allclose(g, reference, rtol=1e-4, atol=1e-6), (g - reference).abs().max()
     for x, y in zip(full, chunked):
         if isinstance(x, float):
             assert abs(x - y) < 1e-6 * max(1.0, abs(x))
