@@ -377,6 +377,9 @@ def validate(cfg: Config) -> Config:
             raise ConfigError("train.eval_on='pool' needs train.pool_size >= 1 (the RL pool to evaluate on)")
         if t.pool_size > cfg.task.n_train:
             raise ConfigError(f"train.pool_size={t.pool_size}: must be in [0, task.n_train={cfg.task.n_train}]")
+        for low, high in (("seq_mis_low", "seq_clip_c"), ("geo_low", "geo_high"), ("icepop_low", "icepop_high")):
+            if getattr(t, low) > getattr(t, high):  # an empty band would drop every token, silently
+                raise ConfigError(f"train.{low}={getattr(t, low)} is above train.{high}={getattr(t, high)}: the band keeps nothing")
     return _check_grid_names(cfg)
 
 

@@ -68,16 +68,19 @@ def ess(steps: pd.DataFrame, out: Path) -> None:
     if d.empty:
         return _absent(out, "ess", "no run under a lagged sampler (stale, fp8_stale)")
     models = sorted(steps["model"].unique())
+    order = sorted(d["correction"].unique())  # the same colour for a correction in every panel
     fig, axes = _grid(len(models), len(LAGGED))
     for i, m in enumerate(models):
         for j, s in enumerate(LAGGED):
             ax = axes[i, j]
             ds = d.loc[(d["model"] == m) & (d["sampler"] == s)]
             if len(ds):
-                sns.lineplot(data=ds, x="step", y="ess_seen", hue="correction", ax=ax, errorbar=None)
-                sns.lineplot(data=ds, x="step", y="ess_lag_gauss", hue="correction", ax=ax, errorbar=None, linestyle="--", legend=False)
+                sns.lineplot(data=ds, x="step", y="ess_seen", hue="correction", hue_order=order, ax=ax, errorbar=None)
+                sns.lineplot(data=ds, x="step", y="ess_lag_gauss", hue="correction", hue_order=order, ax=ax, errorbar=None,
+                             linestyle="--", legend=False)
             ax.axhline(A.ESS_HALF, color="k", lw=0.8, ls=":", label="1/2")
             ax.set(title=f"{m} / {s} (dashed: exp(−Var λ))", xlabel="step", ylabel="lag ESS (normalised)", ylim=(0, 1.05))
+    _shared_legend(fig, axes, "correction")
     _save(fig, out, "ess")
 
 
@@ -125,12 +128,13 @@ def off_support_kl(steps: pd.DataFrame, out: Path) -> None:
         return _absent(out, "off_support_kl", "no run under a lagged sampler (stale, fp8_stale)")
     d["resync"] = d["correction"].isin(A.RESYNC_CORRECTIONS).map({True: "with resync", False: "without resync"})
     models = sorted(d["model"].unique())
+    order = sorted(d["correction"].unique())
     fig, axes = _grid(len(models), 2)
     for i, m in enumerate(models):
         dm = d.loc[d["model"] == m]
-        sns.lineplot(data=dm, x="step", y="off_support", hue="correction", style="resync", ax=axes[i, 0], errorbar=None)
+        sns.lineplot(data=dm, x="step", y="off_support", hue="correction", hue_order=order, style="resync", ax=axes[i, 0], errorbar=None)
         axes[i, 0].set(title=f"{m}: off-support share (P(y|θ_0) < 1e-3)", xlabel="step", ylabel="share of probe tokens")
-        sns.lineplot(data=dm, x="step", y="kl_sampler", hue="correction", style="resync", ax=axes[i, 1], errorbar=None)
+        sns.lineplot(data=dm, x="step", y="kl_sampler", hue="correction", hue_order=order, style="resync", ax=axes[i, 1], errorbar=None)
         axes[i, 1].set(title=f"{m}: KL(π_s ‖ π_t) on sampled prefixes", xlabel="step", ylabel="nats / token")
     _save(fig, out, "off_support_kl")
 

@@ -322,3 +322,8 @@ def test_an_overlay_stands_on_its_own_through_its_base(tmp_path, monkeypatch):
     (tmp_path / "c.yaml").write_text("base: configs/nope.yaml\n")
     with pytest.raises(ConfigError, match="base: config file configs/nope.yaml does not exist"):
         read_layers(["c.yaml"])
+
+
+def test_a_rejection_band_that_keeps_nothing_is_refused():
+    with pytest.raises(ConfigError, match=r"train.seq_mis_low=0.9 is above train.seq_clip_c=0.5: the band keeps nothing"):
+        load(SMOKE, {"train.seq_clip_c": 0.5, "train.seq_mis_low": 0.9})
