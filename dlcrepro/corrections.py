@@ -61,9 +61,6 @@ class TokenTerms:
         """`(N, V)` trainer log π(·|p; θ_t), float32."""
         return torch.log_softmax(self.logits.float(), dim=-1)
 
-    def replace(self, **changes) -> "TokenTerms":
-        return TokenTerms(**{f.name: getattr(self, f.name) for f in fields(self)} | changes)
-
 
 @dataclass(frozen=True)
 class TokenWeights:
@@ -362,9 +359,6 @@ def center_tis(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
 
 
 # ----------------------------------------------------------------------------- diagnostics
-
-DIAGNOSTIC_COLUMNS = ("corr_weight_mean", "corr_weight_max", "corr_clipped_share", "corr_masked_share", "corr_masked_seq_share", "corr_nonfinite")
-
 
 def weight_diagnostics(w: TokenWeights, seq: torch.Tensor, num_seqs: int) -> dict[str, float]:
     """The correction's per-step diagnostics over a whole batch (`w` and `seq` concatenated over

@@ -41,19 +41,15 @@ def resolve_dataset_path(path: str) -> Path:
     return resolve_local(path, "dataset", "task.path")
 
 
-def given_model_dir(cfg: Config, model: str, given: str) -> Path:
-    """`--model-dir` as a job gets it: a directory, or for an `hf` model its Hugging Face id (what
-    the workflow passes), looked up in the local cache like `models.<name>.path`."""
-    p = Path(given).expanduser()
-    if p.exists() or cfg.models[model].kind == "tiny":
-        return p
-    return resolve_local(given, "model", "--model-dir")
-
-
-def model_dir(cfg: Config, model: str) -> Path:
+def model_dir(cfg: Config, model: str, given: str | None = None) -> Path:
     """Where the model's weights are: the warm-start output for tiny models, else its local
-    path or Hugging Face cache snapshot (never downloaded)."""
+    path or Hugging Face cache snapshot (never downloaded). `given` (a `--model-dir`) replaces the
+    config's: a directory, or for an `hf` model its Hugging Face id (what the workflow passes),
+    looked up in the local cache the same way."""
     m = cfg.models[model]
+    if given:
+        p = Path(given).expanduser()
+        return p if p.exists() or m.kind == "tiny" else resolve_local(given, "model", "--model-dir")
     if m.kind == "tiny":
         return Path(cfg.artifacts) / model / "model"
     return resolve_local(m.path, "model", f"models.{model}.path")

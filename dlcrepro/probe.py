@@ -6,8 +6,6 @@ engine's numerical discrepancy alone: BF16 rounding for bf16/stale, FP8 for fp8/
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from . import data, paths
@@ -19,7 +17,7 @@ from .model import load_model, load_tokenizer, make_token_batch, response_logits
 
 
 def sample_report(cfg: Config, model: str, n_prompts: int, n: int, seed: int, model_dir: str | None = None) -> list[dict]:
-    mdir = Path(model_dir) if model_dir else paths.model_dir(cfg, model)
+    mdir = paths.model_dir(cfg, model, model_dir)
     tok = load_tokenizer(mdir)
     trainer = load_model(mdir).eval()
     state = {k: v.detach() for k, v in trainer.state_dict().items()}

@@ -349,7 +349,7 @@ def scan(cfg, model: str, sampler: str, corrections: list[str], prompts: list[in
 
     if model not in cfg.models:
         raise KeyError(f"unknown model {model!r}; known: {sorted(cfg.models)}")
-    mdir = paths.given_model_dir(cfg, model, model_dir) if model_dir else paths.model_dir(cfg, model)
+    mdir = paths.model_dir(cfg, model, model_dir)
     if not (mdir / "config.json").exists():
         raise FileNotFoundError(f"model directory {mdir} has no config.json")
     if checkpoint and not Path(checkpoint).exists():

@@ -543,7 +543,7 @@ def check_names(cfg: Config, model: str, sampler: str, correction: str) -> None:
 
 def cell_model_dir(cfg: Config, model: str, model_dir: str | None) -> Path:
     """The weights the cell starts from: `model_dir` if given, else the config's; it must hold a model."""
-    mdir = paths.given_model_dir(cfg, model, model_dir) if model_dir else paths.model_dir(cfg, model)
+    mdir = paths.model_dir(cfg, model, model_dir)
     if not (mdir / "config.json").exists():
         hint = "run `python -m dlcrepro warmstart` first" if cfg.models[model].kind == "tiny" else "is it a model directory?"
         raise FileNotFoundError(f"model directory {mdir} has no config.json ({hint})")

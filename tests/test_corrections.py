@@ -1,5 +1,6 @@
 """Corrections: exact hand cases, exact expectations on tabular softmax policies, Monte-Carlo."""
 
+import dataclasses
 import itertools
 import math
 
@@ -61,7 +62,7 @@ def test_corrections_without_needs_q_never_read_the_engine_distribution():
     for name, c in CORRECTIONS.items():
         if not c.needs_q:
             full = c.fn(t, P).loss
-            assert torch.equal(c.fn(t.replace(q=None), P).loss, full), name
+            assert torch.equal(c.fn(dataclasses.replace(t, q=None), P).loss, full), name
 
 
 # ----------------------------------------------------------------------------- exact two-token cases

@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(workflow.basedir).resolve()))
 from dlcrepro import cluster
 from dlcrepro.config import build as build_config
 from dlcrepro.config import with_base
+from dlcrepro.grid import computed_as
 
 # An overlay (`base: configs/tiny.yaml`, as configs/zoo.yaml) stands on its own: laid over its base
 # here, the key gone, so the jobs' configs are those of the merged file.
@@ -23,7 +24,6 @@ if "base" in config:
     config.clear()
     config.update(_merged)
 validate(config, schema="../schemas/config.schema.yaml")
-from dlcrepro.grid import computed_as
 
 CFG = build_config(config)
 
