@@ -242,7 +242,12 @@ class TrainConfig:
     off_support_threshold: float = field(default=1e-3, metadata=allowed(gt=0, le=1))
     """off-support: a token whose probability under θ_0 is below this."""
     micro_batch: int = field(default=1024, metadata=allowed(ge=1))
-    """sequences per trainer forward (memory bound on GPU)."""
+    """sequences per trainer forward at most (memory bound on GPU); each forward is cut to its own
+    longest sequence."""
+    micro_batch_tokens: int = field(default=0, metadata=allowed(ge=0))
+    """padded tokens per trainer forward at most: rows × its longest row (prompt + response), which
+    activation memory grows with; 0 = no token bound (micro_batch alone). A sequence longer than
+    this is a forward of its own."""
 
 
 @dataclass

@@ -8,7 +8,7 @@ and vLLM load the directory.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Sequence
 
@@ -81,45 +81,67 @@ def load_tokenizer(path: str | Path):
 class TokenBatch:
     """Prompt+response sequences laid out for one trainer forward.
 
-    input_ids: `(B, L)`, right-padded. No attention mask: with causal attention no real token
-    attends to the padding after it, and the model's default positions 0..L-1 are each row's.
+    input_ids: `(B, L)`, right-padded to the longest row. No attention mask: with causal attention
+    no real token attends to the padding after it, and the model's default positions 0..L-1 are
+    each row's; this holds only because padding comes after each row's real tokens.
+    lengths: `(B,)` real tokens (prompt + response) of each row.
     rows, cols: `(N,)` where response token k sits: logits at `(rows[k], cols[k])` predict it.
     tokens: `(N,)` the response token ids; seq: `(N,)` which sequence each token belongs to.
     """
 
     input_ids: torch.Tensor
+    lengths: torch.Tensor
     rows: torch.Tensor
     cols: torch.Tensor
     tokens: torch.Tensor
     seq: torch.Tensor
 
     def to(self, device) -> "TokenBatch":
-        return TokenBatch(*(getattr(self, f).to(device) for f in ("input_ids", "rows", "cols", "tokens", "seq")))
+        return TokenBatch(*(getattr(self, f.name).to(device) for f in fields(self)))
 
     @property
     def num_seqs(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def chunks(self, max_seqs: int) -> list[tuple["TokenBatch", slice]]:
-        """Sub-batches of at most `max_seqs` sequences, each with the slice of the batch's tokens
-        it holds (tokens are laid out sequence by sequence)."""
-        if self.num_seqs <= max_seqs:
-            return [(self, slice(0, int(self.tokens.numel())))]
+    def chunks(self, max_seqs: int, max_tokens: int = 0) -> list[tuple["TokenBatch", slice]]:
+        """Sub-batches of whole sequences in batch order, each with the slice of the batch's tokens
+        it holds (tokens are laid out sequence by sequence), each cut to its own longest row.
+
+        A chunk closes before it would hold more than `max_seqs` rows or, with `max_tokens` > 0,
+        more than `max_tokens` padded tokens (rows × its longest row): activation memory grows with
+        padded tokens, so one long response widens only its own chunk. A row longer than
+        `max_tokens` is a chunk of its own."""
+        lengths = self.lengths.tolist()
         counts = torch.bincount(self.seq, minlength=self.num_seqs).tolist()
         out, tok = [], 0
-        for start in range(0, self.num_seqs, max_seqs):
-            end = min(start + max_seqs, self.num_seqs)
+        for start, end in chunk_bounds(lengths, max_seqs, max_tokens):
             sl = slice(tok, tok + sum(counts[start:end]))
-            sub = TokenBatch(
-                self.input_ids[start:end],
-                self.rows[sl] - start,
-                self.cols[sl],
-                self.tokens[sl],
-                self.seq[sl] - start,
-            )
-            out.append((sub, sl))
+            width = max(lengths[start:end])
+            if (start, end, width) == (0, self.num_seqs, self.input_ids.shape[1]):
+                out.append((self, sl))  # the whole batch as it is: no copies
+            else:
+                out.append((TokenBatch(self.input_ids[start:end, :width], self.lengths[start:end], self.rows[sl] - start,
+                                       self.cols[sl], self.tokens[sl], self.seq[sl] - start), sl))
             tok = sl.stop
         return out
+
+
+def chunk_bounds(lengths: Sequence[int], max_seqs: int, max_tokens: int = 0) -> list[tuple[int, int]]:
+    """`[(start, end), ...]` row ranges covering `lengths` in order, greedily: each range as long as
+    it stays within `max_seqs` rows and (if `max_tokens` > 0) `(end − start) · max(lengths[start:end])`
+    ≤ `max_tokens`; a single row is a range even when it alone exceeds `max_tokens`."""
+    if max_seqs < 1 or max_tokens < 0:
+        raise ValueError(f"chunk_bounds: max_seqs={max_seqs} must be >= 1 and max_tokens={max_tokens} >= 0")
+    bounds, start, width = [], 0, 0
+    for i, n in enumerate(lengths):
+        rows, wider = i - start + 1, max(width, n)
+        if i > start and (rows > max_seqs or (max_tokens and rows * wider > max_tokens)):
+            bounds.append((start, i))
+            start, wider = i, n
+        width = wider
+    if len(lengths):
+        bounds.append((start, len(lengths)))
+    return bounds
 
 
 def make_token_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int = 0) -> TokenBatch:
@@ -138,22 +160,21 @@ def make_token_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Seque
             toks.append(r[j])
             seq.append(i)
     as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
-    return TokenBatch(ids, as_long(rows), as_long(cols), as_long(toks), as_long(seq))
+    return TokenBatch(ids, as_long(lengths), as_long(rows), as_long(cols), as_long(toks), as_long(seq))
 
 
-def response_logits(model, tb: TokenBatch, chunk: int = 1024) -> torch.Tensor:
-    """Trainer logits `(N, V)` in float32 at every response position (grad flows if enabled).
+def response_logits(model, tb: TokenBatch, max_seqs: int = 1024, max_tokens: int = 0) -> torch.Tensor:
+    """Trainer logits `(N, V)` in float32 at every response position (grad flows if enabled), one
+    decoder forward per chunk of `tb.chunks(max_seqs, max_tokens)`.
 
     The output head runs on the response positions' hidden states only: prompt positions' logits
     are never formed (with Qwen3's V = 151,936 they would be a third of a step's head work).
     `use_cache=False`: a training forward needs no KV cache, which HF would otherwise fill."""
     decoder, head = model.get_decoder(), model.get_output_embeddings()
     outs = []
-    for start in range(0, tb.num_seqs, chunk):
-        sl = slice(start, start + chunk)
-        hidden = decoder(input_ids=tb.input_ids[sl], use_cache=False).last_hidden_state
-        sel = (tb.rows >= start) & (tb.rows < start + chunk)
-        outs.append(head(hidden[tb.rows[sel] - start, tb.cols[sel]]).float())
+    for sub, _ in tb.chunks(max_seqs, max_tokens):
+        hidden = decoder(input_ids=sub.input_ids, use_cache=False).last_hidden_state
+        outs.append(head(hidden[sub.rows, sub.cols]).float())
     return torch.cat(outs) if len(outs) > 1 else outs[0]
 
 

@@ -143,14 +143,19 @@ class Learner:
     def state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in self.policy.state_dict().items()}
 
+    def micro_batches(self, tb: TokenBatch) -> list[tuple[TokenBatch, slice]]:
+        """`tb` in the trainer's forwards: at most `micro_batch` sequences and `micro_batch_tokens`
+        padded tokens each, each cut to its own longest sequence (`TokenBatch.chunks`)."""
+        return tb.chunks(self.tcfg.micro_batch, self.tcfg.micro_batch_tokens)
+
     def logits(self, model, tb: TokenBatch) -> torch.Tensor:
         with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
-            return response_logits(model, tb, self.tcfg.micro_batch)
+            return response_logits(model, tb, self.tcfg.micro_batch, self.tcfg.micro_batch_tokens)
 
     def pg_grad(self, s: Scored) -> torch.Tensor:
         """The on-policy `pg` gradient of a probe batch (mean over its tokens), micro-batched."""
         n, g = s.tb.tokens.numel(), None
-        for sub, sl in s.tb.chunks(self.tcfg.micro_batch):
+        for sub, sl in self.micro_batches(s.tb):
             logp = token_logprobs(self.logits(self.policy, sub), sub.tokens)
             gi = flat_grad(-(s.adv_tok[sl] * logp).sum() / n, self.params)
             g = gi if g is None else g.add_(gi)
@@ -166,7 +171,7 @@ class Learner:
     def token_logp(self, model, tb: TokenBatch) -> torch.Tensor:
         """`(N,)` log π(y|p) of each response token under `model`, no gradient, micro-batched."""
         with torch.no_grad():
-            return torch.cat([token_logprobs(self.logits(model, sub), sub.tokens) for sub, _ in tb.chunks(self.tcfg.micro_batch)])
+            return torch.cat([token_logprobs(self.logits(model, sub), sub.tokens) for sub, _ in self.micro_batches(tb)])
 
     def sampler_logp(self, sub: TokenBatch, synced: bool, logp_t: torch.Tensor) -> torch.Tensor:
         """`(n, V)` trainer log π(·|p; θ_s) of a micro-batch (θ_t's own when the sampler is synced)."""
@@ -182,7 +187,7 @@ class Learner:
         A batch that fits in one micro-batch keeps θ_t's logits with their graph (and θ_s's
         distribution) for the correction; a larger one is recomputed there chunk by chunk, so
         that no `(N, V)` tensor of the whole batch is ever held (Qwen3's V is 151,936)."""
-        chunks = s.tb.chunks(self.tcfg.micro_batch)
+        chunks = self.micro_batches(s.tb)
         keep = len(chunks) == 1
         a, b, kl = [], [], 0.0
         kept = None
@@ -206,7 +211,7 @@ class Learner:
         diagnostics over the batch (`corrections.weight_diagnostics`). θ_old is `lp.b`, the
         trainer before this batch."""
         n, g, weights, kept_tokens = s.tb.tokens.numel(), None, [], 0
-        for sub, sl in s.tb.chunks(self.tcfg.micro_batch):
+        for sub, sl in self.micro_batches(s.tb):
             if kept is not None:
                 logits_t, logp_s = kept.logits_t, kept.logp_s
             else:  # θ at this moment (PPO's later epochs see the updated θ), θ_s as sampled

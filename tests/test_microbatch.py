@@ -1,0 +1,135 @@
+"""Micro-batches: whole sequences in batch order, at most `micro_batch` sequences and
+`micro_batch_tokens` padded tokens each, each cut to its own longest sequence. The chunking on
+hand cases first, then the trainer's numbers unchanged by it on a small random Qwen3."""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from dlcrepro.config import TrainConfig
+from dlcrepro.gpu_check import paper_step_batch
+from dlcrepro.model import build_tiny_model, chunk_bounds, make_token_batch, response_logits, token_logprobs
+from dlcrepro.train import Learner
+
+VOCAB = 32
+ARCH = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=128, tie_word_embeddings=True)
+
+
+def batch(resp_lens: list[int], prompt_len: int = 3):
+    """A TokenBatch of one prompt of `prompt_len` tokens and responses of the given lengths."""
+    prompt = list(range(3, 3 + prompt_len))
+    return make_token_batch([prompt] * len(resp_lens), [[3 + (i + j) % 20 for j in range(n)] for i, n in enumerate(resp_lens)])
+
+
+def widths(chunks) -> list[int]:
+    return [sub.input_ids.shape[1] for sub, _ in chunks]
+
+
+# ----------------------------------------------------------------------------- the chunking
+
+
+def test_a_long_response_widens_only_its_own_micro_batch():
+    short = [2, 1, 2, 2, 1, 2, 2, 1]  # prompt 3: rows of 4-5 tokens
+    long = short[:5] + [20] + short[6:]  # one truncated-like response in the second micro-batch
+    assert widths(batch(short).chunks(4)) == [5, 5]
+    assert widths(batch(long).chunks(4)) == [5, 23]
+    assert torch.equal(batch(short).chunks(4)[0][0].input_ids, batch(long).chunks(4)[0][0].input_ids)
+
+
+def test_chunk_bounds_hand_cases():
+    assert chunk_bounds([3, 3, 10, 3, 3], max_seqs=4) == [(0, 4), (4, 5)]
+    assert chunk_bounds([3, 3, 10, 3, 3], max_seqs=4, max_tokens=12) == [(0, 2), (2, 3), (3, 5)]  # 3 rows × 10 > 12
+    assert chunk_bounds([3, 3, 20, 3], max_seqs=4, max_tokens=12) == [(0, 2), (2, 3), (3, 4)]  # 20 > 12: alone
+    assert chunk_bounds([3, 3, 3, 3], max_seqs=4, max_tokens=12) == [(0, 4)]  # exactly the budget fits
+
+
+@pytest.mark.parametrize("max_seqs, max_tokens", [(4, 0), (1024, 60), (4, 60), (3, 7)])
+def test_micro_batches_keep_both_budgets_and_close_only_when_the_next_row_breaks_one(max_seqs, max_tokens):
+    lens = torch.randint(1, 30, (50,), generator=torch.Generator().manual_seed(0)).tolist()
+    tb = batch(lens)
+    chunks = tb.chunks(max_seqs, max_tokens)
+    rows = [sub.num_seqs for sub, _ in chunks]
+    assert sum(rows) == tb.num_seqs
+    for (sub, _), width in zip(chunks, widths(chunks)):
+        assert sub.num_seqs <= max_seqs
+        assert width == int(sub.lengths.max())  # cut to its own longest row
+        assert not max_tokens or sub.num_seqs == 1 or sub.input_ids.numel() <= max_tokens
+    starts = [sum(rows[:i]) for i in range(len(rows))]
+    for start, n in zip(starts[:-1], rows[:-1]):  # greedy: one row more would break a budget
+        longest = 3 + max(lens[start : start + n + 1])  # prompt 3 + the longest response
+        assert n + 1 > max_seqs or (max_tokens and (n + 1) * longest > max_tokens)
+    if max_tokens == 7:  # every row is longer than the budget: one row per forward
+        assert rows == [1] * tb.num_seqs
+
+
+def test_each_micro_batch_holds_its_sequences_tokens_in_batch_order():
+    tb = batch([2, 9, 1, 4, 4, 12, 1])
+    for max_tokens in (0, 8, 20):
+        chunks, start = tb.chunks(3, max_tokens), 0
+        assert [sl.start for _, sl in chunks] == [0] + [sl.stop for _, sl in chunks[:-1]]
+        assert chunks[-1][1].stop == tb.tokens.numel()
+        for sub, sl in chunks:
+            assert torch.equal(sub.tokens, tb.tokens[sl]) and torch.equal(sub.seq + start, tb.seq[sl])
+            # the logits at (row, col) predict the token at col + 1 of the same row: no real token cut
+            assert torch.equal(sub.input_ids[sub.rows, sub.cols + 1], sub.tokens)
+            assert torch.equal(sub.input_ids, tb.input_ids[start : start + sub.num_seqs, : sub.input_ids.shape[1]])
+            start += sub.num_seqs
+
+
+# ----------------------------------------------------------------------------- the trainer's numbers
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_tiny_model(ARCH, 0)
+
+
+def test_right_padding_of_any_width_and_content_leaves_log_probs_unchanged(model):
+    """No attention mask is needed because every row's padding comes after its real tokens: junk
+    in the padding, more padding columns, or trimming to each micro-batch's longest row change no
+    log-prob."""
+    g = torch.Generator().manual_seed(1)
+    tb = batch(torch.randint(1, 30, (12,), generator=g).tolist(), prompt_len=5)
+    logp = lambda b, *limits: token_logprobs(response_logits(model, b, *limits), b.tokens)  # noqa: E731
+    with torch.no_grad():
+        whole = logp(tb)
+        ids = torch.cat([tb.input_ids, torch.zeros(tb.num_seqs, 17, dtype=torch.long)], 1)
+        pad = torch.arange(ids.shape[1]) >= tb.lengths[:, None]
+        ids[pad] = torch.randint(VOCAB, (int(pad.sum()),), generator=g)
+        junk = logp(dataclasses.replace(tb, input_ids=ids))
+        trimmed = logp(tb, 4, 60)
+    assert len(tb.chunks(4, 60)) > 3 and len(set(widths(tb.chunks(4, 60)))) > 1  # several widths, some below the batch's
+    assert torch.allclose(junk, whole, rtol=0, atol=1e-5), (junk - whole).abs().max()
+    assert torch.allclose(trimmed, whole, rtol=0, atol=1e-5), (trimmed - whole).abs().max()
+
+
+@pytest.mark.parametrize("correction", ["pg", "dlc"])
+def test_token_budgeted_micro_batches_give_the_one_forward_numbers(model, correction):
+    """The trainer's log-probs, sampler KL, probe gradient and correction gradient over trimmed,
+    token-budgeted micro-batches equal those of the whole batch in one forward (a stale θ_s, so
+    dlc's ratios and q̃ are not trivial)."""
+    s, rollout = paper_step_batch(16, 4, prompt_len=4, resp_len=(1, 40), vocab=VOCAB, topk=8, seed=0)
+    learner = Learner(copy.deepcopy(model), TrainConfig(lr=0.1), correction, "float32", torch.device("cpu"))
+    with torch.no_grad():  # θ_t away from θ_s
+        for p in learner.params:
+            p.add_(3e-2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+    results = {}
+    for limits in ((1024, 0), (4, 32)):
+        learner.tcfg = dataclasses.replace(learner.tcfg, micro_batch=limits[0], micro_batch_tokens=limits[1])
+        lp = learner.log_probs(s, synced=False)
+        g_c, diag = learner.correction_grad(s, rollout, rollout.engine_logp, lp, False, lp.kept)
+        results[limits] = (lp.a, lp.b, lp.kl_sampler, g_c, learner.pg_grad(s), learner.token_logp(learner.initial_model, s.tb),
+                           *diag.values())
+    chunks = learner.micro_batches(s.tb)
+    assert len(chunks) > 4 and min(widths(chunks)) < s.tb.input_ids.shape[1]  # really split, and trimmed
+    assert any(sub.num_seqs == 1 and sub.input_ids.numel() > 32 for sub, _ in chunks)  # a row over budget, alone
+    whole, chunked = results[(1024, 0)], results[(4, 32)]
+    assert whole[3].abs().max() > 0
+    for x, y in zip(whole, chunked):
+        if isinstance(x, float):
+            assert abs(x - y) <= 1e-5 * max(1.0, abs(x)), (x, y)
+        else:
+            assert torch.allclose(x, y, rtol=1e-4, atol=1e-6), (x - y).abs().max()
