@@ -12,6 +12,7 @@ Pieces:
   corrections   every registered correction's loss and gradient on the device equal the CPU's
   trainer       tiny Qwen3 on the device: log-probs at θ_t/θ_s/θ_0 in the trainer's numerics
                 (bf16 autocast, fp32 weights and log-softmax), an SGD step, micro-batching exact
+                (by sequences and padded tokens, each micro-batch cut to its longest row)
   vllm-bf16     vLLM engine (CUDA graphs) on the tiny model: weights pushed, samples, log-probs
                 within BF16 tolerance of the trainer's
   vllm-fp8      vLLM's native block-FP8 path fed weight + weight_scale_inv: samples, a larger
@@ -19,8 +20,8 @@ Pieces:
   cell          three steps of a real grid cell (fp8_stale/dlc) through run_cell on the device
   paper-trainer the trainer's side of one paper step (a stale sampler, dlc, probes) at Qwen3-0.6B
                 and -1.7B size (random weights, their published architectures) with the paper
-                config's batch and micro_batch: seconds per phase and peak GPU memory, which the
-                README's memory plan and cost model only estimate. CUDA only.
+                config's batch, micro_batch and micro_batch_tokens: seconds per phase and peak GPU
+                memory, which the README's memory plan and cost model only estimate. CUDA only.
 """
 
 from __future__ import annotations
@@ -179,7 +180,8 @@ def check_trainer(dev: torch.device) -> str:
     a = learner.token_logp(learner.sampler_model, tb)
     assert torch.equal(a, b), "θ_s = θ_t but log-probs differ: the numerics are not identical"
     whole = learner.tcfg
-    learner.tcfg = dataclasses.replace(whole, micro_batch=5)
+    # rows of 17-18 tokens: 3 per micro-batch (the token bound, not micro_batch), each cut to its longest row
+    learner.tcfg = dataclasses.replace(whole, micro_batch=5, micro_batch_tokens=64)
     assert torch.allclose(learner.token_logp(learner.policy, tb), b, atol=1e-5), "micro-batched log-probs differ"
     learner.tcfg = whole
     ones = torch.ones(tb.tokens.numel(), device=dev)  # advantage 1 everywhere: the gradient of −mean log π
@@ -377,7 +379,8 @@ def check_paper_trainer(dev: torch.device, models=tuple(QWEN3_ARCH), shape: dict
         peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
         params = sum(p.numel() for p in learner.params) / 1e9
         out.append(
-            f"{name} ({params:.2f}B params, {num_seqs} seqs, {s.tb.tokens.numel()} response tokens, micro_batch {tcfg.micro_batch}): "
+            f"{name} ({params:.2f}B params, {num_seqs} seqs, {s.tb.tokens.numel()} response tokens, micro_batch {tcfg.micro_batch}, "
+            f"micro_batch_tokens {tcfg.micro_batch_tokens}): "
             f"build {build:.1f} s; step " + ", ".join(f"{k} {v:.1f}" for k, v in sec.items()) + f" = {sum(sec.values()):.1f} s; peak {peak:.1f} GiB"
         )
         del learner, model, s, p1, p2, w, w1, w2
