@@ -111,6 +111,45 @@ def reachable_targets(numbers: Sequence[int]) -> set[int]:
     return {int(v) for v in _values(tuple(int(n) for n in numbers)) if v.denominator == 1}
 
 
+def working_steps(expression: str) -> list[str]:
+    """The solver's fully parenthesised `expression` as one line per operation, innermost first,
+    each with its value: `(3*5)+4` -> ["3*5=15", "15+4=19"]. What a model that works in steps
+    writes before its answer; every intermediate value is exact (Fractions print as `a/b`)."""
+    toks, steps = _tokenize(expression), []
+
+    def operand(i: int) -> tuple[Fraction, int]:
+        if toks[i] == "(":
+            value, i = binary(i + 1)
+            if toks[i] != ")":
+                raise ValueError(f"working_steps: unbalanced {expression!r}")
+            return value, i + 1
+        return Fraction(int(toks[i])), i + 1
+
+    def binary(i: int) -> tuple[Fraction, int]:
+        a, i = operand(i)
+        while i < len(toks) and toks[i] in _OPS:
+            op = toks[i]
+            b, i = operand(i + 1)
+            value = a + b if op == "+" else a - b if op == "-" else a * b if op == "*" else a / b
+            steps.append(f"{a}{op}{b}={value}")
+            a = value
+        return a, i
+
+    _, end = binary(0)
+    if end != len(toks):
+        raise ValueError(f"working_steps: trailing tokens in {expression!r}")
+    return steps
+
+
+def worked_answer(numbers: Sequence[int], target: int) -> str | None:
+    """A response in steps: the working line, then the answer in the paper's tags, e.g.
+    `3*5=15, 15+4=19\n<answer>(3*5)+4</answer>`; None for an unsolvable problem."""
+    expr = solve(numbers, target)
+    if expr is None:
+        return None
+    return ", ".join(working_steps(expr)) + f"\n<answer>{expr}</answer>"
+
+
 # ----------------------------------------------------------------------------- generator
 
 

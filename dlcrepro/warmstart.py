@@ -42,34 +42,8 @@ def warmstart(cfg: Config, model_name: str, out: Path | None = None) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     prompts = data.encode_prompts(tokenizer, train, cfg.task.prompt)
     answers = [tokenizer(countdown.solve(p.numbers, p.target), add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for p in train]
-    opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.01)
-    rng = np.random.default_rng(ws.seed)
-    t0 = time.time()
-
-    def progress(step: int) -> float:
-        """Share of the budget used: steps, or wall seconds when `max_seconds` runs out first."""
-        p = step / ws.steps
-        return min(max(p, (time.time() - t0) / ws.max_seconds) if ws.max_seconds else p, 1.0)
-
-    model.train()
-    bar = tqdm(range(ws.steps), desc=f"warmstart {model_name}", unit="step", mininterval=2.0)
-    steps_done = 0
-    for step in bar:
-        idx = rng.integers(len(train), size=ws.batch)
-        tb = make_token_batch([prompts[i] for i in idx], [answers[i] for i in idx], tokenizer.pad_token_id)
-        loss = -token_logprobs(response_logits(model, tb), tb.tokens).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        for g in opt.param_groups:
-            g["lr"] = ws.lr * lr_factor(step, progress(step), ws.lr_final, ws.warmup_steps)
-        opt.step()
-        steps_done = step + 1
-        if step % 50 == 0:
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-        if ws.max_seconds and time.time() - t0 > ws.max_seconds:
-            break
-    train_seconds = time.time() - t0
+    t_start = time.time()
+    steps_done, loss, train_seconds = supervised_train(model, prompts, answers, ws, tokenizer.pad_token_id, f"warmstart {model_name}")
     model.eval()
     tmp = out / "model.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -85,14 +59,48 @@ def warmstart(cfg: Config, model_name: str, out: Path | None = None) -> dict:
         "parameters": n_params,
         "steps": steps_done,
         "train_seconds": round(train_seconds, 1),
-        "final_loss": round(loss.item(), 4),
+        "final_loss": round(loss, 4),
         "test_accuracy": acc,
         "n_test": len(test),
-        "seconds_total": round(time.time() - t0, 1),
+        "seconds_total": round(time.time() - t_start, 1),
     }
     atomic_write_text(out / "warmstart.json", json.dumps(summary, indent=1))
     log(f"warmstart {model_name}: {n_params} parameters, {steps_done} steps in {train_seconds:.0f} s, greedy test accuracy {acc:.3f}")
     return summary
+
+
+def supervised_train(model, prompts, answers, ws, pad_id: int, desc: str) -> tuple[int, float, float]:
+    """Supervised training of `model` on (prompt, answer) token ids: the mean log-loss of the
+    answer tokens, AdamW, gradient norm clipped at 1, the learning rate of `lr_factor`, batches drawn
+    with `ws.seed`. Returns (steps taken, last loss, seconds)."""
+    t0 = time.time()
+    opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.01)
+    rng = np.random.default_rng(ws.seed)
+
+    def progress(step: int) -> float:
+        """Share of the budget used: steps, or wall seconds when `max_seconds` runs out first."""
+        p = step / ws.steps
+        return min(max(p, (time.time() - t0) / ws.max_seconds) if ws.max_seconds else p, 1.0)
+
+    model.train()
+    bar = tqdm(range(ws.steps), desc=desc, unit="step", mininterval=2.0)
+    steps_done = 0
+    for step in bar:
+        idx = rng.integers(len(prompts), size=ws.batch)
+        tb = make_token_batch([prompts[i] for i in idx], [answers[i] for i in idx], pad_id)
+        loss = -token_logprobs(response_logits(model, tb), tb.tokens).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        for g in opt.param_groups:
+            g["lr"] = ws.lr * lr_factor(step, progress(step), ws.lr_final, ws.warmup_steps)
+        opt.step()
+        steps_done = step + 1
+        if step % 50 == 0:
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+        if ws.max_seconds and time.time() - t0 > ws.max_seconds:
+            break
+    return steps_done, float(loss.item()), time.time() - t0
 
 
 def lr_factor(step: int, progress: float, lr_final: float, warmup_steps: int) -> float:
