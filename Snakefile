@@ -17,6 +17,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/scaling.smk"
+include: "workflow/rules/rehearsal.smk"
 
 
 show_plan()  # at parse time: a dry run with missing weights stops here (workflow/rules/common.smk)

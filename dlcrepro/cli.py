@@ -136,6 +136,18 @@ def cmd_plan(args) -> int:
     return 1 if missing_message(cfg) else 0
 
 
+def cmd_rehearsal(args) -> int:
+    from .rehearsal import build
+    from .util import atomic_write_text
+
+    summary = build(Path(args.cache) if args.cache else None, warmstart_steps=args.warmstart_steps)
+    text = json.dumps(summary, indent=1)
+    if args.summary:
+        atomic_write_text(Path(args.summary), text)
+    print(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dlcrepro", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -149,6 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     common(w)
     w.add_argument("--out", help="output directory (default <artifacts>/<model>)")
     w.set_defaults(fn=cmd_warmstart)
+
+    rh = sub.add_parser("rehearsal", help="make the rehearsal's Qwen3 checkpoint and Countdown data set in the Hugging Face "
+                        "cache, found by id as a downloaded one (configs/rehearsal.yaml)")
+    rh.add_argument("--cache", help="the hub cache to write into (default: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub)")
+    rh.add_argument("--warmstart-steps", type=int, help="shorten the warm start (tests); default: the recipe's")
+    rh.add_argument("--summary", help="also write the summary (JSON) here")
+    rh.set_defaults(fn=cmd_rehearsal)
 
     t = sub.add_parser("train", help="run one grid cell: model x sampler x correction x seed")
     common(t)

@@ -182,6 +182,7 @@ class Need:
     found: Path | None
     problem: str = ""
     fix: str = ""
+    built_here: bool = False  # the workflow makes it (the rehearsal's, paths.BUILT_HERE): never missing
 
 
 def _weights_present(d: Path) -> bool:
@@ -191,7 +192,7 @@ def _weights_present(d: Path) -> bool:
 def needs(cfg: Config) -> list[Need]:
     """What the grid's jobs read from disk and do not build: each `hf` model's weights and a parquet
     task's data, found as a local path or in the Hugging Face cache (never downloaded)."""
-    from .paths import resolve_local
+    from .paths import BUILT_HERE, resolve_local
 
     out = []
     items = [(f"models.{m}.path", cfg.models[m].path, "model") for m in dict.fromkeys(cfg.grid.models) if cfg.models[m].kind == "hf"]
@@ -207,7 +208,10 @@ def needs(cfg: Config) -> list[Need]:
         try:
             found = resolve_local(value, kind, key)
         except ConfigError:
-            out.append(Need(key, value, None, "not a local path and not in the Hugging Face cache", fix))
+            if value in BUILT_HERE:
+                out.append(Need(key, value, None, built_here=True))
+            else:
+                out.append(Need(key, value, None, "not a local path and not in the Hugging Face cache", fix))
             continue
         complete = _weights_present(found) if kind == "model" else any(found.rglob("*.parquet")) or found.suffix == ".parquet"
         what = "config.json and weights (*.safetensors)" if kind == "model" else "parquet files"
@@ -291,6 +295,9 @@ def plan_text(cfg: Config, source: str = "") -> str:
     if cfg.task.source != "parquet":
         lines.append("  task: generated here (task.source: generate)")
     for n in needs(cfg):
+        if n.built_here and n.found is None:
+            lines.append(f"  {n.key}={n.value}: built here first (rule rehearsal_assets: python -m dlcrepro rehearsal)")
+            continue
         lines.append(f"  {n.key}={n.value}: " + (f"MISSING: {n.problem}" + (f"; fix: {n.fix}" if n.fix else "") if n.problem else f"ok ({n.found})"))
     return "\n".join(lines)
 

@@ -10,6 +10,13 @@ from pathlib import Path
 from .config import Config, ConfigError
 
 
+# The rehearsal's checkpoint and data set (dlcrepro/rehearsal.py): Hugging Face ids that no hub
+# serves; the workflow builds them into the cache, where a paper job then finds them by id.
+REHEARSAL_MODEL = "dlcrepro/Qwen3-Rehearsal"
+REHEARSAL_DATASET = "dlcrepro/Countdown-Rehearsal"
+BUILT_HERE = {REHEARSAL_MODEL: "model", REHEARSAL_DATASET: "dataset"}
+
+
 def hf_hub_cache() -> Path:
     """The Hugging Face hub cache directory ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub)."""
     if os.environ.get("HF_HUB_CACHE"):

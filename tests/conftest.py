@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +49,14 @@ def fake_hf_cache(root: Path, models=PAPER_MODELS, datasets=(PAPER_DATASET,)) ->
         snap.mkdir(parents=True, exist_ok=True)
         (snap / "train-00000-of-00001.parquet").write_bytes(b"")
     return root
+
+
+@pytest.fixture(scope="session")
+def rehearsal_cache(tmp_path_factory) -> Path:
+    """The rehearsal's checkpoint and data set, built by the real command into an empty Hugging Face
+    cache, with a warm start cut to 20 steps (the path, not the skill, is under test)."""
+    cache = tmp_path_factory.mktemp("hf-cache")
+    p = subprocess.run([sys.executable, "-m", "dlcrepro", "rehearsal", "--cache", str(cache), "--warmstart-steps", "20",
+                        "--summary", str(cache / "summary.json")], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return cache

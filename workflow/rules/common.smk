@@ -16,6 +16,7 @@ from dlcrepro import cluster
 from dlcrepro.config import build as build_config
 from dlcrepro.config import with_base
 from dlcrepro.grid import computed_as
+from dlcrepro.paths import BUILT_HERE, REHEARSAL_DATASET, REHEARSAL_MODEL, hf_hub_cache
 
 # An overlay (`base: configs/tiny.yaml`, as configs/zoo.yaml) stands on its own: laid over its base
 # here, the key gone, so the jobs' configs are those of the merged file.
@@ -34,6 +35,7 @@ ARTIFACTS = config.get("artifacts", "artifacts")
 AGG = f"{RESULTS}/_aggregate"
 LOGS = f"{RESULTS}/_logs"
 BENCHMARKS = f"{RESULTS}/_benchmarks"  # Snakemake's per-job max RSS and CPU time
+HF_CACHE = hf_hub_cache().resolve()  # where hf models and parquet data are found by id (never downloaded)
 
 
 def _python():
@@ -147,12 +149,26 @@ def warmstart_config_input(wildcards):
     return job_config_path(wildcards.model, "warmstart")
 
 
+def built_here_ref(repo_id):
+    """The cache's `refs/main` of a repository the workflow builds (paths.BUILT_HERE): written
+    last, once its snapshot is whole."""
+    return str(HF_CACHE / f"{BUILT_HERE[repo_id]}s--{repo_id.replace('/', '--')}" / "refs" / "main")
+
+
 def model_input(wildcards):
-    """The weights a cell starts from: the warm-start output for tiny models, else nothing to build."""
+    """The weights a cell starts from: the warm-start output for tiny models, the rehearsal's
+    checkpoint for its id, else nothing to build (a fetched checkpoint)."""
     m = config["models"][wildcards.model]
     if m.get("kind", "tiny") == "tiny":
         return f"{ARTIFACTS}/{wildcards.model}/model/config.json"
-    return []
+    return [built_here_ref(m["path"])] if m.get("path") in BUILT_HERE else []
+
+
+def data_input(wildcards):
+    """The task's data when the workflow builds it (the rehearsal's data set), else nothing."""
+    task = config.get("task", {})
+    path = task.get("path")
+    return [built_here_ref(path)] if task.get("source") == "parquet" and path in BUILT_HERE else []
 
 
 def model_dir_arg(wildcards):

@@ -28,6 +28,7 @@ rule train:
     input:
         cfg=train_config_input,
         model=model_input,
+        data=data_input,
         # a cell that computes another cell's numbers bit for bit copies them (dlcrepro/grid.py)
         same=same_cell_input,
     output:

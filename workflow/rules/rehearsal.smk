@@ -1,0 +1,23 @@
+# The rehearsal's checkpoint and data set (dlcrepro/rehearsal.py), built into the Hugging Face cache
+# where a paper job finds a downloaded model by id. Only a config whose model or data id is one of
+# paths.BUILT_HERE (configs/rehearsal.yaml) asks for them; every other id must be fetched.
+
+
+rule rehearsal_assets:
+    output:
+        model=built_here_ref(REHEARSAL_MODEL),
+        dataset=built_here_ref(REHEARSAL_DATASET),
+    log:
+        f"{LOGS}/rehearsal_assets.log",
+    conda:
+        TRAIN_ENV
+    threads: 2
+    resources:
+        cpus_per_task=2,
+    params:
+        python=PYTHON,
+        cache=str(HF_CACHE),
+        summary=f"{RESULTS}/_rehearsal/summary.json",
+    shell:
+        "OMP_NUM_THREADS={threads} {params.python} -m dlcrepro rehearsal --cache {params.cache} "
+        "--summary {params.summary} > {log} 2>&1"
