@@ -151,3 +151,18 @@ def test_extra_number_makes_a_solution_wrong(numbers, target, extra):
 @given(st.lists(st.integers(1, 12), min_size=2, max_size=3), st.integers(-20, 150))
 def test_reachable_targets_agree_with_the_solver(numbers, target):
     assert (target in countdown.reachable_targets(numbers)) == (countdown.solve(numbers, target) is not None)
+
+
+def test_working_steps_write_each_operation_innermost_first_with_its_value():
+    assert countdown.working_steps("(3*5)+4") == ["3*5=15", "15+4=19"]
+    assert countdown.working_steps("(2+3)*(7-4)") == ["2+3=5", "7-4=3", "5*3=15"]
+    assert countdown.working_steps("3-((25+75)/50)") == ["25+75=100", "100/50=2", "3-2=1"]
+
+
+def test_a_worked_answer_scores_by_its_final_equation_only():
+    worked = countdown.worked_answer((3, 5, 4), 19)
+    assert worked == "3*5=15, 15+4=19\n<answer>(3*5)+4</answer>"
+    assert countdown.score(worked, (3, 5, 4), 19) == countdown.REWARD_CORRECT
+    # right working, wrong final answer: the working earns nothing
+    assert countdown.score("3*5=15, 15+4=19\n<answer>(3*5)-4</answer>", (3, 5, 4), 19) == countdown.REWARD_WRONG
+    assert countdown.score("3*5=15, 15+4=19", (3, 5, 4), 19) == countdown.REWARD_WRONG
