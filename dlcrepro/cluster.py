@@ -192,7 +192,7 @@ def _weights_present(d: Path) -> bool:
 def needs(cfg: Config) -> list[Need]:
     """What the grid's jobs read from disk and do not build: each `hf` model's weights and a parquet
     task's data, found as a local path or in the Hugging Face cache (never downloaded)."""
-    from .paths import BUILT_HERE, resolve_local
+    from .paths import BUILT_HERE, NotCached, resolve_local
 
     out = []
     items = [(f"models.{m}.path", cfg.models[m].path, "model") for m in dict.fromkeys(cfg.grid.models) if cfg.models[m].kind == "hf"]
@@ -207,11 +207,11 @@ def needs(cfg: Config) -> list[Need]:
         fix = f"huggingface-cli download{flag} {value}" if "/" in value and not Path(value).is_absolute() else ""
         try:
             found = resolve_local(value, kind, key)
-        except ConfigError:
+        except NotCached as e:
             if value in BUILT_HERE:
                 out.append(Need(key, value, None, built_here=True))
             else:
-                out.append(Need(key, value, None, "not a local path and not in the Hugging Face cache", fix))
+                out.append(Need(key, value, None, e.problem, fix))
             continue
         complete = _weights_present(found) if kind == "model" else any(found.rglob("*.parquet")) or found.suffix == ".parquet"
         what = "config.json and weights (*.safetensors)" if kind == "model" else "parquet files"

@@ -24,8 +24,39 @@ def hf_hub_cache() -> Path:
     return Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser() / "hub"
 
 
+class NotCached(ConfigError):
+    """An id that is neither a local path nor a usable snapshot in the cache; `problem` says which
+    without the key and the fetch line (the plan prints those in columns of its own)."""
+
+    def __init__(self, message: str, problem: str):
+        super().__init__(message)
+        self.problem = problem
+
+
+def cached_snapshot(repo: Path) -> Path | None:
+    """The snapshot of a hub cache repo (`<cache>/models--org--name`) that a job reads: the commit
+    `refs/main` names (what `huggingface-cli download` last fetched for `main`; an older snapshot
+    left beside it is not the model any more), else the only snapshot; None when there is none.
+
+    Raises ConfigError (without the config key: callers add it) when refs/main names a commit
+    that has no snapshot, or when there is no refs/main and several snapshots to choose from."""
+    snaps = sorted(d.name for d in (repo / "snapshots").glob("*") if d.is_dir())
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        commit = ref.read_text().strip()
+        if commit in snaps:
+            return repo / "snapshots" / commit
+        raise ConfigError(f"{ref} names commit {commit}, but {repo / 'snapshots'} has no such snapshot "
+                          f"(has: {', '.join(snaps) or 'none'}): an interrupted download?")
+    if len(snaps) > 1:
+        raise ConfigError(f"{repo} has no refs/main and {len(snaps)} snapshots ({', '.join(snaps)}): "
+                          "give the path of the one to use")
+    return repo / "snapshots" / snaps[0] if snaps else None
+
+
 def resolve_local(path: str, kind: str, key: str) -> Path:
-    """A local path, or a Hugging Face `kind` ("model" or "dataset") id found in the local cache.
+    """A local path, or a Hugging Face `kind` ("model" or "dataset") id found in the local cache
+    (its snapshot: `cached_snapshot`).
 
     Never downloads: jobs run with HF_HUB_OFFLINE=1, so a missing item is an error saying how to
     fetch it on a login node.
@@ -34,13 +65,18 @@ def resolve_local(path: str, kind: str, key: str) -> Path:
     if p.exists():
         return p
     hub = hf_hub_cache()
-    snaps = sorted((hub / f"{kind}s--{path.replace('/', '--')}" / "snapshots").glob("*"))
-    if snaps:
-        return snaps[-1]
     flag = " --repo-type dataset" if kind == "dataset" else ""
-    raise ConfigError(
+    fetch = f"huggingface-cli download{flag} {path}"
+    try:
+        snap = cached_snapshot(hub / f"{kind}s--{path.replace('/', '--')}")
+    except ConfigError as e:
+        raise NotCached(f"{key}={path!r}: {e}. Fetch it again on a login node: `{fetch}`", str(e)) from None
+    if snap is not None:
+        return snap
+    raise NotCached(
         f"{key}={path!r}: no such path and not in the Hugging Face cache ({hub}). "
-        f"Fetch it on a login node first: `huggingface-cli download{flag} {path}`"
+        f"Fetch it on a login node first: `{fetch}`",
+        "not a local path and not in the Hugging Face cache",
     )
 
 

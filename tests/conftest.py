@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -34,20 +35,44 @@ def tiny_model_dir(tmp_path_factory, smoke_cfg) -> Path:
 
 PAPER_MODELS = ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B")
 PAPER_DATASET = "Jiayi-Pan/Countdown-Tasks-3to4"
+# The published shapes (config.json of each model on the hub), for the plan's memory estimate.
+QWEN3_CONFIGS = {
+    "Qwen/Qwen3-0.6B": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                            num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+    "Qwen/Qwen3-1.7B": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                            num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+}
+COMMIT = "0" * 40  # the commit refs/main names
+
+
+def cache_repo(root: Path, repo_dir: str, files: dict[str, bytes], commit: str = COMMIT, ref: bool = True) -> Path:
+    """One hub repo as `huggingface-cli download` leaves it: each file's content in blobs/ under
+    a name of its own, snapshots/<commit>/<file> a relative symlink to it, refs/main the commit.
+    Returns the snapshot."""
+    repo = root / repo_dir
+    snap = repo / "snapshots" / commit
+    for i, (name, content) in enumerate(files.items()):
+        blob = repo / "blobs" / f"{commit[:8]}{i:032x}"
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(content)
+        link = snap / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    if ref:
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / "main").write_text(commit)
+    return snap
 
 
 def fake_hf_cache(root: Path, models=PAPER_MODELS, datasets=(PAPER_DATASET,)) -> Path:
-    """A Hugging Face hub cache laid out as `huggingface-cli download` leaves it, with empty files:
+    """A Hugging Face hub cache laid out as `huggingface-cli download` leaves it (refs/main,
+    snapshots/ of symlinks into blobs/), with a model's published config.json and empty weights:
     for the checks that look for weights and data, never for loading them."""
     for repo in models:
-        snap = root / f"models--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40)
-        snap.mkdir(parents=True, exist_ok=True)
-        (snap / "config.json").write_text("{}")
-        (snap / "model.safetensors").write_bytes(b"")
+        config = json.dumps(QWEN3_CONFIGS.get(repo, {})).encode()
+        cache_repo(root, f"models--{repo.replace('/', '--')}", {"config.json": config, "model.safetensors": b""})
     for repo in datasets:
-        snap = root / f"datasets--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40) / "data"
-        snap.mkdir(parents=True, exist_ok=True)
-        (snap / "train-00000-of-00001.parquet").write_bytes(b"")
+        cache_repo(root, f"datasets--{repo.replace('/', '--')}", {"data/train-00000-of-00001.parquet": b""})
     return root
 
 

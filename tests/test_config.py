@@ -21,8 +21,8 @@ from dlcrepro.config import (
     literal_choices,
     load,
 )
-from dlcrepro.paths import model_dir, resolve_dataset_path
-from conftest import ROOT, SMOKE
+from dlcrepro.paths import model_dir, resolve_dataset_path, resolve_local
+from conftest import ROOT, SMOKE, cache_repo
 
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -238,6 +238,35 @@ def test_hf_model_and_dataset_found_in_the_cache(tmp_path, monkeypatch):
     cfg = load(ROOT / "configs" / "paper.yaml")
     assert model_dir(cfg, "qwen3-0.6b") == snap
     assert resolve_dataset_path(cfg.task.path) == data
+
+
+QWEN = "Qwen/Qwen3-0.6B"
+QWEN_REPO = "models--Qwen--Qwen3-0.6B"
+OLD, NEW = "f" * 40, "1" * 40  # the newer download's commit sorts first
+
+
+def test_refs_main_chooses_the_snapshot(tmp_path, monkeypatch):
+    """A cache that fetched main twice keeps the old snapshot; refs/main names the one fetched last."""
+    cache_repo(tmp_path, QWEN_REPO, {"config.json": b"{}"}, commit=OLD)
+    new = cache_repo(tmp_path, QWEN_REPO, {"config.json": b"{}"}, commit=NEW)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    assert resolve_local(QWEN, "model", "models.m.path") == new
+
+
+def test_without_refs_main_several_snapshots_are_an_error_naming_them(tmp_path, monkeypatch):
+    for commit in (OLD, NEW):
+        cache_repo(tmp_path, QWEN_REPO, {"config.json": b"{}"}, commit=commit, ref=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(ConfigError, match=f"no refs/main and 2 snapshots \\({NEW}, {OLD}\\).*huggingface-cli download {QWEN}"):
+        resolve_local(QWEN, "model", "models.m.path")
+
+
+def test_refs_main_naming_a_missing_snapshot_is_an_interrupted_download(tmp_path, monkeypatch):
+    repo = cache_repo(tmp_path, QWEN_REPO, {"config.json": b"{}"}, commit=OLD).parents[1]
+    (repo / "refs" / "main").write_text(NEW + "\n")  # the ref is written before the files arrive
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(ConfigError, match=f"names commit {NEW}, but .* has no such snapshot \\(has: {OLD}\\)"):
+        resolve_local(QWEN, "model", "models.m.path")
 
 
 def test_missing_dataset_says_how_to_fetch_it(tmp_path, monkeypatch):
