@@ -9,6 +9,7 @@ lines. `check_device` imports torch only when a job asks for a GPU.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -185,8 +186,39 @@ class Need:
     built_here: bool = False  # the workflow makes it (the rehearsal's, paths.BUILT_HERE): never missing
 
 
-def _weights_present(d: Path) -> bool:
-    return (d / "config.json").exists() and (any(d.glob("*.safetensors")) or any(d.glob("*.bin")))
+# A checkpoint's weights: one file, or shards listed in the file's `.index.json` weight_map
+# (safetensors first; a local directory may hold PyTorch's format).
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def checkpoint_problem(d: Path) -> str:
+    """"" when `d` holds a complete checkpoint: config.json and the weights (model.safetensors, or
+    model.safetensors.index.json with every shard its weight_map names; the same for
+    pytorch_model.bin), else what is missing.
+
+    In a hub cache snapshot each file is a symlink into the repo's blobs/, made once the file has
+    arrived; a download that stopped leaves shards absent (or links dangling) and its partial
+    blob as blobs/*.incomplete, which `huggingface-cli download` resumes."""
+    missing = [] if (d / "config.json").exists() else ["config.json"]
+    for name in WEIGHT_FILES:
+        index = d / f"{name}.index.json"
+        if (d / name).exists():
+            break
+        if index.exists():
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            absent = [s for s in shards if not (d / s).exists()]  # exists() is False for a dangling link
+            if absent:
+                missing.append(f"{len(absent)} of {len(shards)} shards of {index.name} ({', '.join(absent)})")
+            break
+    else:
+        missing.append(f"the weights ({' or '.join(f'{n}[.index.json]' for n in WEIGHT_FILES)})")
+    if not missing:
+        return ""
+    if d.parent.name != "snapshots":  # a local directory, not a download
+        return f"incomplete checkpoint at {d}: missing {'; '.join(missing)}"
+    partial = list((d.parents[1] / "blobs").glob("*.incomplete"))
+    held = f"; blobs/ holds {len(partial)} partial file(s) (*.incomplete)" if partial else ""
+    return f"incomplete download at {d}: missing {'; '.join(missing)}{held}; rerunning the download resumes it"
 
 
 def needs(cfg: Config) -> list[Need]:
@@ -213,9 +245,12 @@ def needs(cfg: Config) -> list[Need]:
             else:
                 out.append(Need(key, value, None, e.problem, fix))
             continue
-        complete = _weights_present(found) if kind == "model" else any(found.rglob("*.parquet")) or found.suffix == ".parquet"
-        what = "config.json and weights (*.safetensors)" if kind == "model" else "parquet files"
-        out.append(Need(key, value, found, "" if complete else f"found at {found} but without {what}: an interrupted download?", fix))
+        if kind == "model":
+            problem = checkpoint_problem(found)
+        else:
+            has_data = any(found.rglob("*.parquet")) or found.suffix == ".parquet"
+            problem = "" if has_data else f"found at {found} but without parquet files: an interrupted download?"
+        out.append(Need(key, value, found, problem, fix))
     return out
 
 

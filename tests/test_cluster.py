@@ -2,6 +2,7 @@
 is missing from the local cache), a dry run that stops on a missing model, and a job that refuses
 to train a GPU config on a CPU torch."""
 
+import json
 import os
 import re
 import subprocess
@@ -10,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import PAPER_MODELS, ROOT, SMOKE, fake_hf_cache
+from conftest import PAPER_MODELS, ROOT, SMOKE, cache_repo, fake_hf_cache
 from dlcrepro import cluster
 from dlcrepro.config import load
 
@@ -60,12 +61,43 @@ def test_plan_names_each_missing_item_with_its_download_line(tmp_path):
     assert "models.qwen3-0.6b.path=Qwen/Qwen3-0.6B: ok" in p.stdout
 
 
+SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+INDEX = json.dumps({"metadata": {}, "weight_map": {"embed.weight": SHARDS[0], "lm_head.weight": SHARDS[1], "norm.weight": SHARDS[1]}})
+
+
+def two_shard_snapshot(hub, repo="Qwen/Qwen3-1.7B"):
+    """A sharded checkpoint in the cache, both shards arrived."""
+    files = {"config.json": b"{}", "model.safetensors.index.json": INDEX.encode(), SHARDS[0]: b"", SHARDS[1]: b""}
+    return cache_repo(hub, f"models--{repo.replace('/', '--')}", files)
+
+
+def test_a_two_shard_checkpoint_is_complete_with_both_shards_and_not_with_one(tmp_path):
+    snap = two_shard_snapshot(tmp_path)
+    assert cluster.checkpoint_problem(snap) == ""
+    os.unlink(os.path.realpath(snap / SHARDS[1]))  # its blob gone: the link dangles
+    problem = cluster.checkpoint_problem(snap)
+    assert f"incomplete download at {snap}: missing 1 of 2 shards of model.safetensors.index.json ({SHARDS[1]})" in problem
+
+
+def test_the_plan_names_an_interrupted_download_its_missing_shard_and_the_line_that_resumes_it(tmp_path):
+    hub = fake_hf_cache(tmp_path / "hub", models=PAPER_MODELS[:1])
+    snap = two_shard_snapshot(hub)
+    (snap / SHARDS[1]).unlink()  # the second shard's download stopped: no link, its blob partial
+    (snap.parents[1] / "blobs" / f"{'a' * 64}.incomplete").write_bytes(b"half")
+    p = plan(hub, PAPER)
+    assert p.returncode == 1, p.stdout
+    line = next(line for line in p.stdout.splitlines() if line.startswith("  models.qwen3-1.7b.path"))
+    assert f"MISSING: incomplete download at {snap}: missing 1 of 2 shards of model.safetensors.index.json ({SHARDS[1]})" in line
+    assert "blobs/ holds 1 partial file(s) (*.incomplete)" in line and line.endswith("fix: huggingface-cli download Qwen/Qwen3-1.7B")
+
+
 def test_a_snapshot_without_weights_counts_as_missing(tmp_path):
     hub = fake_hf_cache(tmp_path / "hub")
     for f in hub.glob("models--Qwen--Qwen3-0.6B/snapshots/*/model.safetensors"):
         f.unlink()  # an interrupted download: config.json only
     p = plan(hub, PAPER)
-    assert p.returncode == 1 and "interrupted download" in p.stdout and "huggingface-cli download Qwen/Qwen3-0.6B" in p.stdout
+    assert p.returncode == 1 and "incomplete download" in p.stdout and "missing the weights (model.safetensors" in p.stdout
+    assert "huggingface-cli download Qwen/Qwen3-0.6B" in p.stdout
 
 
 def test_tiny_configs_need_nothing_from_the_cache(tmp_path):
