@@ -165,10 +165,24 @@ def estimated_minutes(cfg: Config, model: str) -> float | None:
     engine_tokens = batch * RESPONSE_TOKENS * (1 + 2 * probe_share)  # the run's batch and two probe batches
     step = scale * (cost.logprobs_s + cost.correction_s + probe_share * cost.probes_s) + engine_tokens / cost.engine_tokens_per_s + cost.sync_s
     eval_steps = {k for k in range(1, t.steps + 1) if k % t.eval_every == 0} | {t.steps}
-    problems = t.pool_size if t.eval_on == "pool" and t.pool_size else cfg.task.n_test
-    answers = problems * (t.eval_samples if t.eval_mode == "sampled" else 1)
+    answers = eval_answers_per_eval(cfg, model)
     evals = (1 + len(eval_steps)) * answers * RESPONSE_TOKENS / cost.engine_tokens_per_s  # θ_0's and each eval step's
     return (t.steps * step + evals + ENGINE_START_S) / 60
+
+
+def eval_answers_per_eval(cfg: Config, model: str) -> int:
+    """Answers the BF16 probe engine generates in one evaluation (`train.Trainer.evaluate`, run for
+    θ_0 and at every eval step), whatever `eval_mode` reports: a greedy answer and `eval_samples`
+    sampled ones per eval problem, and with `eval_on: pool` a greedy answer per held-out test
+    problem as well:
+
+        |eval problems| × (1 + eval_samples) + [eval_on = pool] × n_test,
+
+    the eval problems being the n_test held-out ones, or the RL pool's min(pool_size, n_train)."""
+    t = cfg.train_for(model)
+    if t.eval_on == "pool":
+        return min(t.pool_size, cfg.task.n_train) * (1 + t.eval_samples) + cfg.task.n_test
+    return cfg.task.n_test * (1 + t.eval_samples)
 
 
 # ----------------------------------------------------------------------------- the local cache

@@ -390,7 +390,8 @@ class Trainer(Learner):
         """The accuracies of θ_t (BF16 engine) on the eval problems, greedy and sampled
         (`eval_samples` answers each at temperature 1, seeded by the step), the held-out test set's
         greedy accuracy when the eval problems are the RL pool, and `test_accuracy`: the one
-        `eval_mode` chooses for the tables."""
+        `eval_mode` chooses for the tables. The plan's cost model counts these answers
+        (`cluster.eval_answers_per_eval`)."""
         t = self.tcfg
         self.sync_probe(version)
         greedy = self._correct(self.eval_problems, self.probe_engine.greedy(self.eval_prompts))

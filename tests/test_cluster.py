@@ -42,10 +42,10 @@ def test_plan_of_the_paper_grid_counts_cells_gpu_hours_and_the_largest_job(tmp_p
     assert "168 cells: 120 trained, 48 copied" in out, out
     rows = {m: line.split() for line in out.splitlines() for m in ("qwen3-0.6b", "qwen3-1.7b", "total") if line.startswith(m)}
     # cells, trained, copied, done; GPU-hours requested (Σ runtime × GPUs: copies ask for none) and
-    # estimated by the cost model (README: ~45 and ~70 minutes per trained job)
-    assert rows["qwen3-0.6b"][1:5] == ["84", "60", "24", "0"] and "90.0" in rows["qwen3-0.6b"] and "44.8" in rows["qwen3-0.6b"]
-    assert rows["qwen3-1.7b"][1:5] == ["84", "60", "24", "0"] and "150.0" in rows["qwen3-1.7b"] and "70.2" in rows["qwen3-1.7b"]
-    assert rows["total"][1:] == ["168", "120", "48", "240.0", "115.0"]
+    # estimated by the cost model (55.1 and 87.3 minutes per trained job: test_cost_model_minutes_per_paper_job)
+    assert rows["qwen3-0.6b"][1:5] == ["84", "60", "24", "0"] and "90.0" in rows["qwen3-0.6b"] and "55.1" in rows["qwen3-0.6b"]
+    assert rows["qwen3-1.7b"][1:5] == ["84", "60", "24", "0"] and "150.0" in rows["qwen3-1.7b"] and "87.3" in rows["qwen3-1.7b"]
+    assert rows["total"][1:] == ["168", "120", "48", "240.0", "142.3"]
     assert "largest single job: train qwen3-1.7b/" in out and "1 GPU, 150 min, 96000 MB, 8 CPUs" in out
     assert out.count(": ok (") == 3 and "MISSING" not in out
 
@@ -107,11 +107,60 @@ def test_tiny_configs_need_nothing_from_the_cache(tmp_path):
     assert "models.tiny: built here by the warm start" in p.stdout and "MISSING" not in p.stdout
 
 
-def test_cost_model_gives_the_readmes_minutes_per_paper_job():
+def test_cost_model_minutes_per_paper_job():
+    """By hand, seconds: 40 steps × (trainer share + 3 engine batches of 512 × 300 tokens + syncs)
+    + 5 evaluations (θ_0 and steps 10..40) × 1,024 × (1 greedy + 8 sampled) answers × 300 tokens
+    + 180 engine start. 0.6B: 40 × (34.8 + 23.04 + 3) + 5 × 9216 × 300 / 20000 + 180 = 3304.8;
+    1.7B: 40 × (53.2 + 38.4 + 6) + 5 × 9216 × 300 / 12000 + 180 = 5236."""
     cfg = cluster.load_merged([str(PAPER)])
-    assert round(cluster.estimated_minutes(cfg, "qwen3-0.6b")) == 45
-    assert round(cluster.estimated_minutes(cfg, "qwen3-1.7b")) == 70
+    assert cluster.estimated_minutes(cfg, "qwen3-0.6b") == pytest.approx(3304.8 / 60)
+    assert cluster.estimated_minutes(cfg, "qwen3-1.7b") == pytest.approx(5236 / 60)
     assert cluster.estimated_minutes(load(SMOKE), "tiny") is None  # a CPU model: not in the GPU cost model
+
+
+@pytest.fixture(scope="module")
+def untrained_tiny(tmp_path_factory):
+    """The smoke config's tiny model after one warm-start step: answers to count, not to score."""
+    from dlcrepro.warmstart import warmstart
+
+    out = tmp_path_factory.mktemp("tiny")
+    warmstart(load(SMOKE, {"models.tiny.warmstart.steps": 1}), "tiny", out)
+    return out / "model"
+
+
+def eval_settings(path):
+    """Each distinct evaluation of a shipped config's models: (eval_on, eval_mode, eval_samples, pool_size > 0)."""
+    cfg = cluster.load_merged([str(path)])
+    return {(t.eval_on, t.eval_mode, t.eval_samples, t.pool_size > 0) for t in map(cfg.train_for, cfg.grid.models)}
+
+
+SHIPPED_EVALS = sorted(set().union(*(eval_settings(p) for p in sorted((ROOT / "configs").glob("*.yaml")))))
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("eval_on,eval_mode,eval_samples,pooled", SHIPPED_EVALS)
+def test_the_cost_model_counts_the_answers_an_evaluation_generates(untrained_tiny, eval_on, eval_mode, eval_samples, pooled):
+    """A real Trainer.evaluate, with each evaluation setting of configs/*.yaml on the tiny model
+    (4 test problems, a pool of 3): the answers its engine returns are the formula's."""
+    from dlcrepro.train import Trainer
+
+    cfg = load(SMOKE, {"task.n_test": 4, "train.pool_size": 3 if pooled else 0, "train.eval_on": eval_on,
+                       "train.eval_mode": eval_mode, "train.eval_samples": eval_samples})
+    tr = Trainer(cfg, "tiny", "bf16", "pg", 0, untrained_tiny)
+    engine, answers = tr.probe_engine, []
+
+    def counted(method, responses):  # the engine's own call, its answers counted
+        def call(*args, **kwargs):
+            out = method(*args, **kwargs)
+            answers.extend(responses(out))
+            return out
+        return call
+
+    engine.greedy = counted(engine.greedy, lambda out: out)
+    engine.generate = counted(engine.generate, lambda rollout: rollout.response_ids)
+    tr.evaluate(0)
+    assert len(answers) == cluster.eval_answers_per_eval(cfg, "tiny")
+    assert len(answers) == (3 * (1 + eval_samples) + 4 if eval_on == "pool" else 4 * (1 + eval_samples))
 
 
 def test_config_files_merge_as_snakemakes_configfiles():
