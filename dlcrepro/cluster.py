@@ -185,6 +185,128 @@ def eval_answers_per_eval(cfg: Config, model: str) -> int:
     return cfg.task.n_test * (1 + t.eval_samples)
 
 
+# ----------------------------------------------------------------------------- peak memory
+# An estimate from the model's config.json, not a measurement; calibrated on the README's
+# "Memory plan" (trainer peaks measured on one H200 at the paper config, responses of 293 tokens
+# on average: 70.5 GiB for Qwen3-0.6B, 82.4 GiB for Qwen3-1.7B), which it gives within 3 % at
+# the cost model's 300-token responses.
+
+PROMPT_TOKENS = 120  # a Countdown chat prompt (the measured run's)
+ACTIVATION_BYTES = 34  # kept for backward per token, layer and hidden unit in 16 bits (Korthikanti et al. 2022)
+LOGIT_TENSORS = 16  # (response tokens × V) fp32 tensors alive at once in a correction's loss and backward:
+# θ_t's logits and log-softmax, θ_s's log-distribution, q and its temporaries, their gradients (a count
+# fitted to the two measured peaks, not traced)
+GPU_GIB = 140  # the H200 of the cost model (139.8 GiB as CUDA reports it)
+GIB = 2**30
+
+
+SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads")
+
+
+def param_count(arch: dict) -> int | None:
+    """Parameters of a Qwen3-style decoder from its config.json (None: a shape key is missing):
+    V·h embedding (twice without tie_word_embeddings) + L × (attention h·d·(2·heads + 2·kv_heads)
+    [+ (heads + 2·kv_heads)·d biases] + q/k norms 2·d + MLP 3·h·i + two norms 2·h) + final norm h."""
+    try:
+        V, h, L, i, heads = (arch[k] for k in SHAPE_KEYS)
+    except KeyError:
+        return None
+    kv = arch.get("num_key_value_heads") or heads
+    d = arch.get("head_dim") or h // heads
+    attention = h * d * (2 * heads + 2 * kv) + (heads + 2 * kv) * d * bool(arch.get("attention_bias"))
+    layer = attention + 2 * d + 3 * h * i + 2 * h
+    return V * h * (1 if arch.get("tie_word_embeddings") else 2) + L * layer + h
+
+
+@dataclass(frozen=True)
+class PeakMemory:
+    """GiB of one training job at its peak, by part (`peak_memory`)."""
+
+    params: int
+    weights: float
+    gradients: float
+    activations: float
+    logits: float
+    engines: float
+
+    @property
+    def trainer(self) -> float:
+        return self.weights + self.gradients + self.activations + self.logits
+
+    @property
+    def total(self) -> float:
+        return self.trainer + self.engines
+
+
+def engines_per_job(cfg: Config) -> int:
+    """Two engines (the run's and the BF16 probe engine), one where the sampler is that engine
+    (`bf16`, always synced): the most any of the grid's samplers starts."""
+    from .grid import get_sampler
+
+    return max(1 if (s.precision == "bf16" and s.always_synced) else 2 for s in map(get_sampler, cfg.grid.samplers))
+
+
+def peak_memory(cfg: Config, model: str, arch: dict, response_tokens: int = RESPONSE_TOKENS) -> PeakMemory | None:
+    """An estimate, not a measurement, of a training job's peak memory (None: `arch`, the model's
+    config.json, lacks a shape key). The worst of the grid's cells, at a probing step. With P
+    parameters (`param_count`), L layers, hidden size h, vocabulary V, sequences of
+    T = PROMPT_TOKENS + R tokens (R = `response_tokens`), m per micro-batch: micro_batch, or
+    fewer where the batch is smaller or micro_batch_tokens holds fewer rows of T (at least one):
+
+        weights      4P × 3 (θ_t, θ_s, θ_0 in fp32) + 2P (the bf16 copies of θ_t autocast keeps for
+                     backward; bfloat16 trainers only). Plain SGD keeps no state, and p.grad are views
+                     of the update direction.
+        gradients    4P × 5 (+ 4P): g_on, g_on′ and the summed g_c, while a micro-batch's
+                     per-parameter gradients and their concatenation are formed
+                     (`train.Learner.correction_grad`); + θ_before where a correction takes
+                     updates_per_batch > 1 SGD steps.
+        activations  ACTIVATION_BYTES × m·T·h·L (twice that for a float32 trainer).
+        logits       4 bytes × LOGIT_TENSORS × m·R·V (the head runs on response positions only).
+        engines      GPU: engines × gpu_memory_utilization × GPU_GIB (vLLM takes that share of the
+                     card whatever the model); CPU: engines × (kv_cache_mib + 2P bytes of bf16 weights).
+    """
+    from .registry import correction_info
+
+    P = param_count(arch)
+    if P is None:
+        return None
+    t, e = cfg.train_for(model), cfg.engine
+    bf16 = cfg.models[model].trainer_dtype == "bfloat16"
+    multi = t.updates_per_batch > 1 and any(correction_info(c).multi_update for c in cfg.grid.corrections)
+    T = PROMPT_TOKENS + response_tokens
+    fit = max(1, t.micro_batch_tokens // T) if t.micro_batch_tokens else t.micro_batch  # 0: no token bound
+    m = min(t.micro_batch, t.prompts_per_step * t.responses_per_prompt, fit)
+    h, L, V = arch["hidden_size"], arch["num_hidden_layers"], arch["vocab_size"]
+    n = engines_per_job(cfg)
+    gpu = job_resources(cfg, model)["gpu"] > 0
+    return PeakMemory(
+        params=P,
+        weights=P * (12 + 2 * bf16) / GIB,
+        gradients=4 * P * (5 + multi) / GIB,
+        activations=ACTIVATION_BYTES * (1 if bf16 else 2) * m * T * h * L / GIB,
+        logits=4 * LOGIT_TENSORS * m * response_tokens * V / GIB,
+        engines=n * e.gpu_memory_utilization * GPU_GIB if gpu else n * (e.kv_cache_mib * 2**20 + 2 * P) / GIB,
+    )
+
+
+def memory_line(cfg: Config, model: str, snapshot: Path | None) -> str:
+    """The plan's line on a model's peak memory, from the config.json of its checkpoint."""
+    arch = json.loads((snapshot / "config.json").read_text()) if snapshot else {}
+    mem, worst = (peak_memory(cfg, model, arch, r) for r in (RESPONSE_TOKENS, cfg.engine.max_tokens))
+    if mem is None:
+        why = "its config.json lacks the shape keys" if snapshot else "no complete checkpoint here to read config.json from"
+        return f"  {model}: not estimated ({why})"
+    gpu = job_resources(cfg, model)["gpu"] > 0
+    n = engines_per_job(cfg)
+    share = f"{n} x {cfg.engine.gpu_memory_utilization} of a {GPU_GIB} GiB H200" if gpu else f"{n} on CPU"
+    return (
+        f"  {model}: {mem.params / 1e9:.2f} B params; trainer {mem.trainer:.1f} GiB (weights {mem.weights:.1f}, "
+        f"flat gradients {mem.gradients:.1f}, activations {mem.activations:.1f}, logits {mem.logits:.1f}) "
+        f"+ engines {mem.engines:.1f} GiB ({share}) = {mem.total:.1f} GiB; {worst.total:.0f} GiB if every response "
+        f"reaches engine.max_tokens={cfg.engine.max_tokens}"
+    )
+
+
 # ----------------------------------------------------------------------------- the local cache
 
 
@@ -198,6 +320,7 @@ class Need:
     problem: str = ""
     fix: str = ""
     built_here: bool = False  # the workflow makes it (the rehearsal's, paths.BUILT_HERE): never missing
+    readers: tuple[str, ...] = ()  # the grid's models whose training jobs read it
 
 
 # A checkpoint's weights: one file, or shards listed in the file's `.index.json` weight_map
@@ -236,36 +359,35 @@ def checkpoint_problem(d: Path) -> str:
 
 
 def needs(cfg: Config) -> list[Need]:
-    """What the grid's jobs read from disk and do not build: each `hf` model's weights and a parquet
-    task's data, found as a local path or in the Hugging Face cache (never downloaded)."""
+    """What the grid's jobs read from disk and do not build: each `hf` model's weights (read by that
+    model's jobs) and a parquet task's data (read by every job), found as a local path or in the
+    Hugging Face cache (never downloaded)."""
+    models = tuple(dict.fromkeys(cfg.grid.models))
+    items = [(f"models.{m}.path", cfg.models[m].path, "model", (m,)) for m in models if cfg.models[m].kind == "hf"]
+    if cfg.task.source == "parquet":
+        items.append(("task.path", cfg.task.path, "dataset", models))
+    return [Need(key, value, **_find(key, value, kind), readers=readers) for key, value, kind, readers in items]
+
+
+def _find(key: str, value: str | None, kind: str) -> dict[str, Any]:
+    """A need's `found`, `problem` ("" if none), `fix` (the line that fetches it) and `built_here`."""
     from .paths import BUILT_HERE, NotCached, resolve_local
 
-    out = []
-    items = [(f"models.{m}.path", cfg.models[m].path, "model") for m in dict.fromkeys(cfg.grid.models) if cfg.models[m].kind == "hf"]
-    if cfg.task.source == "parquet":
-        items.append(("task.path", cfg.task.path, "dataset"))
-    for key, value, kind in items:
-        if not value:  # the schema allows it; validate() refuses it, but the Snakefile only builds
-            what = "for kind 'hf'" if kind == "model" else "when task.source is 'parquet'"
-            out.append(Need(key, value, None, f"{key} is required {what}: a local path or a Hugging Face id", ""))
-            continue
-        flag = " --repo-type dataset" if kind == "dataset" else ""
-        fix = f"huggingface-cli download{flag} {value}" if "/" in value and not Path(value).is_absolute() else ""
-        try:
-            found = resolve_local(value, kind, key)
-        except NotCached as e:
-            if value in BUILT_HERE:
-                out.append(Need(key, value, None, built_here=True))
-            else:
-                out.append(Need(key, value, None, e.problem, fix))
-            continue
-        if kind == "model":
-            problem = checkpoint_problem(found)
-        else:
-            has_data = any(found.rglob("*.parquet")) or found.suffix == ".parquet"
-            problem = "" if has_data else f"found at {found} but without parquet files: an interrupted download?"
-        out.append(Need(key, value, found, problem, fix))
-    return out
+    if not value:  # the schema allows it; validate() refuses it, but the Snakefile only builds
+        what = "for kind 'hf'" if kind == "model" else "when task.source is 'parquet'"
+        return dict(found=None, problem=f"{key} is required {what}: a local path or a Hugging Face id")
+    flag = " --repo-type dataset" if kind == "dataset" else ""
+    fix = f"huggingface-cli download{flag} {value}" if "/" in value and not Path(value).is_absolute() else ""
+    try:
+        found = resolve_local(value, kind, key)
+    except NotCached as e:
+        built = value in BUILT_HERE
+        return dict(found=None, built_here=True) if built else dict(found=None, problem=e.problem, fix=fix)
+    if kind == "model":
+        return dict(found=found, problem=checkpoint_problem(found), fix=fix)
+    has_data = any(found.rglob("*.parquet")) or found.suffix == ".parquet"
+    no_data = f"found at {found} but without parquet files: an interrupted download?"
+    return dict(found=found, problem="" if has_data else no_data, fix=fix)
 
 
 def missing_message(cfg: Config) -> str:
@@ -338,6 +460,12 @@ def plan_text(cfg: Config, source: str = "") -> str:
             f"largest single job: train {cell.name} (and {n - 1} like it): {r['gpu']} GPU, {r['runtime']} min, "
             f"{r['mem_mb']} MB, {r['cpus_per_task']} CPUs"
         )
+    found = {n.readers[0]: n.found for n in needs(cfg) if n.key.startswith("models.") and not n.problem}
+    hf = [m for m in dict.fromkeys(g.models) if cfg.models[m].kind == "hf"]
+    if hf:
+        lines += ["", f"peak memory of a job, an estimate (cluster.peak_memory; {PROMPT_TOKENS}-token prompts, "
+                      f"{RESPONSE_TOKENS}-token responses):"]
+        lines += [memory_line(cfg, m, found.get(m)) for m in hf]
     lines += ["", f"weights and data (Hugging Face cache {hf_hub_cache()}):"]
     for m in warm:
         lines.append(f"  models.{m}: built here by the warm start ({Path(cfg.artifacts) / m / 'model'})")

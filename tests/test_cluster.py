@@ -62,7 +62,8 @@ def test_plan_names_each_missing_item_with_its_download_line(tmp_path):
 
 
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
-INDEX = json.dumps({"metadata": {}, "weight_map": {"embed.weight": SHARDS[0], "lm_head.weight": SHARDS[1], "norm.weight": SHARDS[1]}})
+WEIGHT_MAP = {"embed.weight": SHARDS[0], "lm_head.weight": SHARDS[1], "norm.weight": SHARDS[1]}
+INDEX = json.dumps({"metadata": {}, "weight_map": WEIGHT_MAP})
 
 
 def two_shard_snapshot(hub, repo="Qwen/Qwen3-1.7B"):
@@ -88,7 +89,8 @@ def test_the_plan_names_an_interrupted_download_its_missing_shard_and_the_line_t
     assert p.returncode == 1, p.stdout
     line = next(line for line in p.stdout.splitlines() if line.startswith("  models.qwen3-1.7b.path"))
     assert f"MISSING: incomplete download at {snap}: missing 1 of 2 shards of model.safetensors.index.json ({SHARDS[1]})" in line
-    assert "blobs/ holds 1 partial file(s) (*.incomplete)" in line and line.endswith("fix: huggingface-cli download Qwen/Qwen3-1.7B")
+    assert "blobs/ holds 1 partial file(s) (*.incomplete)" in line
+    assert line.endswith("fix: huggingface-cli download Qwen/Qwen3-1.7B")
 
 
 def test_a_snapshot_without_weights_counts_as_missing(tmp_path):
@@ -161,6 +163,32 @@ def test_the_cost_model_counts_the_answers_an_evaluation_generates(untrained_tin
     tr.evaluate(0)
     assert len(answers) == cluster.eval_answers_per_eval(cfg, "tiny")
     assert len(answers) == (3 * (1 + eval_samples) + 4 if eval_on == "pool" else 4 * (1 + eval_samples))
+
+
+def test_peak_memory_of_a_qwen3_0_6b_paper_job_from_its_config_json(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(fake_hf_cache(tmp_path / "hub", models=PAPER_MODELS[:1])))
+    cfg = cluster.load_merged([str(PAPER)])
+    snap = next((tmp_path / "hub").glob("models--Qwen--Qwen3-0.6B/snapshots/*"))
+    mem = cluster.peak_memory(cfg, "qwen3-0.6b", json.loads((snap / "config.json").read_text()))
+    # tied embedding 151936·1024, 28 layers × (q, o 1024·2048 each, k, v 1024·1024 each, q/k norms
+    # 2·128, MLP 3·1024·3072, two norms 2·1024), final norm 1024: Qwen3-0.6B's published 0.6 B
+    layer = 2 * 1024 * 2048 + 2 * 1024 * 1024 + 2 * 128 + 3 * 1024 * 3072 + 2 * 1024
+    assert mem.params == 151936 * 1024 + 28 * layer + 1024 == 596_049_920
+    gib, P = 2**30, 596_049_920
+    assert mem.weights == pytest.approx(P * (3 * 4 + 2) / gib)  # θ_t, θ_s, θ_0 in fp32 and θ_t's bf16 copies
+    assert mem.gradients == pytest.approx(5 * 4 * P / gib)  # ppo takes one SGD step here: no θ_before
+    assert mem.activations == pytest.approx(34 * 16 * (120 + 300) * 1024 * 28 / gib)  # micro_batch 16
+    assert mem.logits == pytest.approx(4 * 16 * 16 * 300 * 151936 / gib)
+    assert mem.engines == pytest.approx(2 * 0.12 * 140)  # the fp8 and stale samplers' jobs run two engines
+    assert mem.trainer == pytest.approx(70.5, rel=0.03)  # the README's measured trainer peak
+    # every response 1024 tokens long: micro_batch_tokens 9120 holds 7 rows of 120 + 1024 tokens
+    worst = cluster.peak_memory(cfg, "qwen3-0.6b", json.loads((snap / "config.json").read_text()), 1024)
+    assert worst.activations == pytest.approx(34 * 7 * 1144 * 1024 * 28 / gib)
+    assert worst.logits == pytest.approx(4 * 16 * 7 * 1024 * 151936 / gib)
+    text = cluster.plan_text(cfg)
+    assert "peak memory of a job, an estimate" in text
+    assert "  qwen3-0.6b: 0.60 B params; trainer 68.4 GiB" in text and "= 102.0 GiB" in text
+    assert "  qwen3-1.7b: not estimated (no complete checkpoint here to read config.json from)" in text
 
 
 def test_config_files_merge_as_snakemakes_configfiles():
