@@ -390,11 +390,25 @@ def _find(key: str, value: str | None, kind: str) -> dict[str, Any]:
     return dict(found=found, problem="" if has_data else no_data, fix=fix)
 
 
+def finished(cfg: Config, cell: Cell) -> bool:
+    """A cell whose run is done: its summary.json, written last, is in its results directory."""
+    return (Path(cfg.results_dir) / cell.name / "summary.json").exists()
+
+
+def blocking(cfg: Config, found: list[Need]) -> list[Need]:
+    """The missing needs (of `found`) that a job still to run reads: a trained cell without its
+    summary.json loads its model's weights and the task's data; a finished cell and a cell that
+    copies another's run load nothing."""
+    waiting = {c.model for c in grid_cells(cfg) if c.same_as is None and not finished(cfg, c)}
+    return [n for n in found if n.problem and waiting.intersection(n.readers)]
+
+
 def missing_message(cfg: Config) -> str:
-    """The missing weights and data with the line that fetches each; "" when nothing is missing."""
+    """The missing weights and data that a cell still to run needs (`blocking`), with the line that
+    fetches each; "" when nothing is missing or only finished cells would have read it."""
     from .paths import hf_hub_cache
 
-    bad = [n for n in needs(cfg) if n.problem]
+    bad = blocking(cfg, needs(cfg))
     if not bad:
         return ""
     lines = [f"missing from this machine's Hugging Face cache ({hf_hub_cache()}); fetch on a login node, then rerun:"]
@@ -438,7 +452,7 @@ def plan_text(cfg: Config, source: str = "") -> str:
     for m in dict.fromkeys(g.models):
         mine = [c for c in cells if c.model == m]
         trained = [c for c in mine if c.same_as is None]
-        done = sum((Path(cfg.results_dir) / c.name / "summary.json").exists() for c in mine)
+        done = sum(finished(cfg, c) for c in mine)
         r = job_resources(cfg, m)
         requested = sum(gpu_minutes(job_resources(cfg, m, c.same_as is not None)) for c in mine)
         est = estimated_minutes(cfg, m)
@@ -460,22 +474,27 @@ def plan_text(cfg: Config, source: str = "") -> str:
             f"largest single job: train {cell.name} (and {n - 1} like it): {r['gpu']} GPU, {r['runtime']} min, "
             f"{r['mem_mb']} MB, {r['cpus_per_task']} CPUs"
         )
-    found = {n.readers[0]: n.found for n in needs(cfg) if n.key.startswith("models.") and not n.problem}
+    found = needs(cfg)
+    checkpoints = {n.readers[0]: n.found for n in found if n.key.startswith("models.") and not n.problem}
     hf = [m for m in dict.fromkeys(g.models) if cfg.models[m].kind == "hf"]
     if hf:
         lines += ["", f"peak memory of a job, an estimate (cluster.peak_memory; {PROMPT_TOKENS}-token prompts, "
                       f"{RESPONSE_TOKENS}-token responses):"]
-        lines += [memory_line(cfg, m, found.get(m)) for m in hf]
+        lines += [memory_line(cfg, m, checkpoints.get(m)) for m in hf]
     lines += ["", f"weights and data (Hugging Face cache {hf_hub_cache()}):"]
     for m in warm:
         lines.append(f"  models.{m}: built here by the warm start ({Path(cfg.artifacts) / m / 'model'})")
     if cfg.task.source != "parquet":
         lines.append("  task: generated here (task.source: generate)")
-    for n in needs(cfg):
+    needed = blocking(cfg, found)
+    for n in found:
         if n.built_here and n.found is None:
             lines.append(f"  {n.key}={n.value}: built here first (rule rehearsal_assets: python -m dlcrepro rehearsal)")
-            continue
-        lines.append(f"  {n.key}={n.value}: " + (f"MISSING: {n.problem}" + (f"; fix: {n.fix}" if n.fix else "") if n.problem else f"ok ({n.found})"))
+        elif not n.problem:
+            lines.append(f"  {n.key}={n.value}: ok ({n.found})")
+        else:
+            unused = "" if n in needed else " (no cell left to run reads it: its cells are finished)"
+            lines.append(f"  {n.key}={n.value}: MISSING{unused}: {n.problem}" + (f"; fix: {n.fix}" if n.fix else ""))
     return "\n".join(lines)
 
 

@@ -209,6 +209,51 @@ def test_a_dry_run_with_a_missing_model_fails_before_any_job_with_the_fetch_line
     assert "Job stats" not in text and "Building DAG" not in text  # stopped while parsing: no job exists
 
 
+def finish(results, model):
+    """Every trained cell of the paper grid's `model` as a finished run leaves it (its summary.json)."""
+    for c in cluster.grid_cells(cluster.load_merged([str(PAPER)])):
+        if c.model == model and c.same_as is None:
+            (results / c.name).mkdir(parents=True)
+            (results / c.name / "summary.json").write_text("{}")
+
+
+def test_a_dry_run_whose_cells_needing_a_missing_model_are_finished_goes_on(tmp_path):
+    """Only a cell still to run loads a model: with Qwen3-1.7B's cells finished its weights may be
+    gone (the plan says so); with one of them unfinished the dry run stops as before."""
+    hub = fake_hf_cache(tmp_path / "hub", models=PAPER_MODELS[:1])
+    results = tmp_path / "results"
+    finish(results, "qwen3-1.7b")
+    cmd = [sys.executable, "-m", "snakemake", "--nolock", "-n", "--quiet", "rules", "--configfile", str(PAPER),
+           "--config", f"results_dir={results}"]
+    p = run(cmd, hub)
+    assert p.returncode == 0 and "Nothing was submitted." not in p.stdout, p.stdout[-3000:]
+    assert "models.qwen3-1.7b.path=Qwen/Qwen3-1.7B: MISSING (no cell left to run reads it: its cells are finished)" in p.stdout
+    next(results.glob("qwen3-1.7b/fp8/*/seed0/summary.json")).unlink()
+    p = run(cmd, hub)
+    assert p.returncode != 0 and "huggingface-cli download Qwen/Qwen3-1.7B" in p.stdout and "Nothing was submitted." in p.stdout
+
+
+def test_the_tables_of_a_finished_grid_need_no_weights_and_no_data(tmp_path):
+    results = tmp_path / "results"
+    for model in ("qwen3-0.6b", "qwen3-1.7b"):
+        finish(results, model)
+    cmd = [sys.executable, "-m", "snakemake", "tables", "--nolock", "-n", "--quiet", "rules", "--configfile", str(PAPER),
+           "--config", f"results_dir={results}"]
+    p = run(cmd, tmp_path / "empty-hub")
+    assert p.returncode == 0 and p.stdout.count("MISSING (no cell left to run reads it") == 3, p.stdout[-3000:]
+
+
+def test_unlock_needs_no_weights(tmp_path):
+    """`snakemake --unlock` loads no model: it works with the paper grid unfinished and its weights gone."""
+    work = tmp_path / "work"
+    (work / ".snakemake" / "locks").mkdir(parents=True)
+    (work / ".snakemake" / "locks" / "0.input.lock").write_text("")  # what a killed run leaves
+    cmd = [sys.executable, "-m", "snakemake", "--unlock", "--configfile", str(PAPER), "--directory", str(work)]
+    p = run(cmd, tmp_path / "empty-hub")
+    assert p.returncode == 0 and "Unlocked working directory." in p.stdout, p.stdout[-3000:]
+    assert not list((work / ".snakemake").rglob("*.lock"))
+
+
 def test_a_dry_run_of_the_paper_grid_prints_the_plan_first(tmp_path):
     p = snakemake_dry_run(fake_hf_cache(tmp_path / "hub"), PAPER)
     text = p.stdout

@@ -245,10 +245,20 @@ def all_outputs():
 PLAN_SHOWN = []
 
 
+def unlocking():
+    """`snakemake --unlock`: it loads no model, and must work on any grid. Snakemake 9 parses this
+    file (DAGApi.__post_init__) before the command line's action runs (dag_api.unlock()), and
+    the workflow object carries no sign of it then (dag_settings is unset, execution_settings
+    are never set for --unlock), so the command line is the only witness."""
+    return "--unlock" in sys.argv[1:]
+
+
 def show_plan(on_cluster=False):
     """Print the plan when the grid asks for GPUs, the run submits to a cluster, or
-    something is missing; then stop, before any job exists, with the fetch lines."""
-    if not workflow.is_main_process or PLAN_SHOWN:
+    something is missing; then stop, before any job exists, with the fetch lines, if a
+    cell still to run needs what is missing (cluster.blocking: a finished grid's tables,
+    figures and dry runs need no weights)."""
+    if not workflow.is_main_process or PLAN_SHOWN or unlocking():
         return
     missing = cluster.missing_message(CFG)
     asks_gpu = any(cluster.job_resources(CFG, m)["gpu"] > 0 for m in CFG.grid.models)
