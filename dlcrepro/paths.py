@@ -40,7 +40,8 @@ def cached_snapshot(repo: Path) -> Path | None:
 
     Raises ConfigError (without the config key: callers add it) when refs/main names a commit
     that has no snapshot, or when there is no refs/main and several snapshots to choose from."""
-    snaps = sorted(d.name for d in (repo / "snapshots").glob("*") if d.is_dir())
+    # a hidden directory is a snapshot still being laid out (rehearsal.write_snapshot's .<commit>.tmp)
+    snaps = sorted(d.name for d in (repo / "snapshots").glob("*") if d.is_dir() and not d.name.startswith("."))
     ref = repo / "refs" / "main"
     if ref.is_file():
         commit = ref.read_text().strip()

@@ -1,6 +1,7 @@
 import copy
 import dataclasses
 import re
+import shutil
 import typing
 
 import pytest
@@ -258,6 +259,17 @@ def test_without_refs_main_several_snapshots_are_an_error_naming_them(tmp_path, 
         cache_repo(tmp_path, QWEN_REPO, {"config.json": b"{}"}, commit=commit, ref=False)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(ConfigError, match=f"no refs/main and 2 snapshots \\({NEW}, {OLD}\\).*huggingface-cli download {QWEN}"):
+        resolve_local(QWEN, "model", "models.m.path")
+
+
+def test_a_snapshot_still_being_laid_out_is_not_one(tmp_path, monkeypatch):
+    """rehearsal.write_snapshot builds snapshots/.<commit>.tmp, then renames it and writes refs/main."""
+    snap = cache_repo(tmp_path, QWEN_REPO, {"config.json": b"{}"}, commit=OLD, ref=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    (snap.parent / f".{NEW}.tmp").mkdir()
+    assert resolve_local(QWEN, "model", "models.m.path") == snap
+    shutil.rmtree(snap)
+    with pytest.raises(ConfigError, match="not in the Hugging Face cache"):
         resolve_local(QWEN, "model", "models.m.path")
 
 
