@@ -26,7 +26,7 @@ ALLOWED = {
     "sizes": {"task.n_train", "task.n_test", "engine.max_tokens", "train.steps", "train.prompts_per_step",
               "train.responses_per_prompt", "train.eval_every", "train.ckpt_every", "grid.seeds",
               "models.*.train.micro_batch", "models.*.train.micro_batch_tokens", "models.qwen3-1.7b"},
-    "hardware": {"train_env", "models.*.resources"},
+    "hardware": {"train_env", "models.*.resources", "models.*.trainer_dtype"},
     "outputs": {"results_dir", "figures_dir", "tables_dir"},
 }
 
@@ -114,12 +114,13 @@ def test_rehearsal_assets_sit_in_the_cache_as_a_download_and_are_found_by_id(reh
 @pytest.mark.slow
 def test_a_paper_job_trains_on_the_rehearsal_checkpoint_with_topk_below_the_vocabulary(rehearsal_cache, tmp_path):
     """One cell through `python -m dlcrepro train`, as the workflow calls it: the model given by its
-    id, the fp8 sampler, `center` (reads the engine's top-20 of 3,072), two micro-batches a step."""
+    id, the fp8 sampler, `center` (reads the engine's top-20 of 3,072), several micro-batches a step,
+    and the paper's bf16 trainer (the grid runs it in float32 on CPUs: configs/rehearsal.yaml)."""
     out = tmp_path / "cell"
     env = {**os.environ, "HF_HUB_CACHE": str(rehearsal_cache), "OMP_NUM_THREADS": "2"}
     p = subprocess.run([sys.executable, "-m", "dlcrepro", "train", "--config", str(REHEARSAL), "--model", "qwen3-rehearsal",
                         "--model-dir", "dlcrepro/Qwen3-Rehearsal", "--sampler", "fp8", "--correction", "center", "--seed", "0",
-                        "--out", str(out), "--set", "train.steps=2", "--set", "train.eval_every=2", "--set", "task.n_test=8"],
+                        "--out", str(out), "--set", "models.qwen3-rehearsal.trainer_dtype=bfloat16", "--set", "train.steps=2", "--set", "train.eval_every=2", "--set", "task.n_test=8"],
                        cwd=ROOT, capture_output=True, text=True, timeout=1800, env=env)
     assert p.returncode == 0, p.stderr[-4000:]
     import pandas as pd
