@@ -17,6 +17,11 @@ REHEARSAL_DATASET = "dlcrepro/Countdown-Rehearsal"
 BUILT_HERE = {REHEARSAL_MODEL: "model", REHEARSAL_DATASET: "dataset"}
 
 
+def cache_repo_dir(hub: Path, repo_id: str, kind: str) -> Path:
+    """A repository's folder in the hub cache: `models--org--name` (or `datasets--…`)."""
+    return hub / f"{kind}s--{repo_id.replace('/', '--')}"
+
+
 def hf_hub_cache() -> Path:
     """The Hugging Face hub cache directory ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub)."""
     if os.environ.get("HF_HUB_CACHE"):
@@ -69,7 +74,7 @@ def resolve_local(path: str, kind: str, key: str) -> Path:
     flag = " --repo-type dataset" if kind == "dataset" else ""
     fetch = f"huggingface-cli download{flag} {path}"
     try:
-        snap = cached_snapshot(hub / f"{kind}s--{path.replace('/', '--')}")
+        snap = cached_snapshot(cache_repo_dir(hub, path, kind))
     except ConfigError as e:
         raise NotCached(f"{key}={path!r}: {e}. Fetch it again on a login node: `{fetch}`", str(e)) from None
     if snap is not None:

@@ -28,7 +28,7 @@ import numpy as np
 from . import countdown
 from .config import WarmstartConfig
 from .countdown import Problem
-from .paths import REHEARSAL_DATASET, REHEARSAL_MODEL, hf_hub_cache
+from .paths import REHEARSAL_DATASET, REHEARSAL_MODEL, cache_repo_dir, hf_hub_cache
 from .util import log
 
 # Qwen3-0.6B's shape (28 layers, hidden 1024, 16 query / 8 key-value heads of 128, MLP 3072,
@@ -104,7 +104,7 @@ def write_snapshot(src: Path, repo_id: str, kind: str, cache: Path) -> Path:
     by its hash, the snapshot `snapshots/<commit>/` of relative symlinks to them, and `refs/main`
     naming the commit. The commit is a hash of the files' names and contents, so the same files
     give the same snapshot. Returns the snapshot directory."""
-    repo = cache / f"{kind}s--{repo_id.replace('/', '--')}"
+    repo = cache_repo_dir(cache, repo_id, kind)
     files = sorted(p for p in src.rglob("*") if p.is_file())
     digests = {p.relative_to(src).as_posix(): _sha256(p) for p in files}
     commit = hashlib.sha1(json.dumps(digests, sort_keys=True).encode()).hexdigest()

@@ -16,7 +16,7 @@ from dlcrepro import cluster
 from dlcrepro.config import build as build_config
 from dlcrepro.config import with_base
 from dlcrepro.grid import computed_as
-from dlcrepro.paths import BUILT_HERE, REHEARSAL_DATASET, REHEARSAL_MODEL, hf_hub_cache
+from dlcrepro.paths import BUILT_HERE, REHEARSAL_DATASET, REHEARSAL_MODEL, cache_repo_dir, hf_hub_cache
 
 # An overlay (`base: configs/tiny.yaml`, as configs/zoo.yaml) stands on its own: laid over its base
 # here, the key gone, so the jobs' configs are those of the merged file.
@@ -152,7 +152,12 @@ def warmstart_config_input(wildcards):
 def built_here_ref(repo_id):
     """The cache's `refs/main` of a repository the workflow builds (paths.BUILT_HERE): written
     last, once its snapshot is whole."""
-    return str(HF_CACHE / f"{BUILT_HERE[repo_id]}s--{repo_id.replace('/', '--')}" / "refs" / "main")
+    return str(cache_repo_dir(HF_CACHE, repo_id, BUILT_HERE[repo_id]) / "refs" / "main")
+
+
+def hub_cache_of(wildcards, output):
+    """The hub cache a `refs/main` output lies in (<cache>/<repo>/refs/main)."""
+    return str(Path(output[0]).parents[2])
 
 
 def model_input(wildcards):

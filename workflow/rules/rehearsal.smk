@@ -16,7 +16,7 @@ rule rehearsal_assets:
         cpus_per_task=2,
     params:
         python=PYTHON,
-        cache=str(HF_CACHE),
+        cache=hub_cache_of,
         summary=f"{RESULTS}/_rehearsal/summary.json",
     shell:
         "OMP_NUM_THREADS={threads} {params.python} -m dlcrepro rehearsal --cache {params.cache} "
