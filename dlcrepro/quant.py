@@ -1,7 +1,8 @@
 """FP8 (e4m3) quantization shared by the CPU emulation and the GPU block-FP8 path.
 
 Weights: one scale per 128x128 block, scale = block amax / 448 (an all-zero block gets 1);
-activations: one scale per token per 1x128 group of input features, computed on the fly.
+activations: one scale per token per 1x128 group of input features, computed on the fly;
+attention query, key and value: one scale of 1.0 for the whole tensor (vLLM's FP8 attention on GPU).
 """
 
 from __future__ import annotations
@@ -76,6 +77,14 @@ def fp8_round_activations(x: torch.Tensor, group: int = BLOCK) -> torch.Tensor:
     scale = torch.where(amax > 0, _div_exact(amax, FP8_MAX), torch.ones_like(amax))
     r = (g / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8).float() * scale
     return r.reshape(*x.shape[:-1], ng * group)[..., :feats].to(x.dtype)
+
+
+def fp8_round_attention(x: torch.Tensor) -> torch.Tensor:
+    """An attention input (query, key or value) as vLLM's FP8 attention computes with it: one static
+    scale of 1.0 for the whole tensor, i.e. x clamped to ±448 and rounded to float8_e4m3fn, returned
+    in x's dtype (the query: QuantFP8 PER_TENSOR with `_q_scale` 1.0; key and value: the FP8 KV
+    cache with k/v scales 1.0; see engine.py's docstring)."""
+    return x.float().clamp(-FP8_MAX, FP8_MAX).to(FP8).to(x.dtype)
 
 
 def is_quantized_weight(name: str, tensor: torch.Tensor) -> bool:

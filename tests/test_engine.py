@@ -118,3 +118,48 @@ def test_samplers_are_an_engine_precision_and_a_sync_schedule():
     assert all(get_sampler("bf16").due(k, 64) for k in range(5))
     with pytest.raises(KeyError, match="known"):
         get_sampler("int4")
+
+
+def _fp8_representable(x: torch.Tensor) -> bool:
+    return torch.equal(x, x.to(torch.float8_e4m3fn).to(x.dtype))
+
+
+def _watch_attention_inputs(worker) -> int:
+    """Record, at each attention layer, whether its query, key and value are FP8 values before the
+    engine's own hooks run and after them."""
+    from vllm.model_executor.layers.attention import Attention
+
+    seen = {"before": [], "after": []}
+
+    def record(where):
+        return lambda _m, args: seen[where].append([_fp8_representable(x) for x in args[:3]])
+
+    handles = []
+    for m in worker.model_runner.model.modules():
+        if isinstance(m, Attention):
+            handles.append(m.register_forward_pre_hook(record("before"), prepend=True))
+            handles.append(m.register_forward_pre_hook(record("after")))
+    worker.attention_watch = (seen, handles)
+    return len(handles) // 2
+
+
+def _stop_watching(worker) -> dict:
+    seen, handles = worker.attention_watch
+    for h in handles:
+        h.remove()
+    return seen
+
+
+@pytest.mark.parametrize("name", ["fp8", "bf16"])
+def test_fp8_engine_attention_computes_with_fp8_query_key_and_value_as_flash_attention_3_does(setup, name):
+    """The emulation rounds the attention's query, key and value to FP8 (scale 1.0), as vLLM's FA3
+    backend does on an H200 with an FP8 KV cache (engine.py's docstring); the BF16 engine does not."""
+    engine = setup[name]
+    (layers,) = engine.llm.collective_rpc(_watch_attention_inputs)
+    try:
+        engine.generate(setup["prompts"][:2], 2, seed=9)
+    finally:
+        (seen,) = engine.llm.collective_rpc(_stop_watching)
+    assert layers == 4 and len(seen["after"]) >= 4 * 2  # every layer, prefill and decode steps
+    assert not any(all(row) for row in seen["before"])  # RoPE'd BF16 inputs are not FP8 values
+    assert all(all(row) for row in seen["after"]) == (name == "fp8")

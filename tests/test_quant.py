@@ -66,6 +66,18 @@ def test_activation_rounding_per_token_group():
     assert r.dtype == x.dtype
 
 
+def test_attention_inputs_round_to_e4m3_with_scale_one_and_saturate_at_448():
+    """vLLM's FP8 attention inputs (query, key, value) have no per-token scale: small values lose
+    precision (or vanish below e4m3's smallest subnormal 2^-9) and large ones saturate."""
+    x = torch.tensor([1.05, 0.3, -7.0, 500.0, -1000.0, 1e-4, 0.0029], dtype=torch.bfloat16)
+    # 1.05 -> 1.0 (neighbours 1.0, 1.125); 0.3 -> 0.3125 (0.28125, 0.3125); below 2^-6 the steps are
+    # 2^-9: 0.0029 -> 2^-9, 1e-4 -> 0
+    want = torch.tensor([1.0, 0.3125, -7.0, 448.0, -448.0, 0.0, 2**-9], dtype=torch.bfloat16)
+    r = quant.fp8_round_attention(x)
+    assert r.dtype == torch.bfloat16 and torch.equal(r, want)
+    assert torch.equal(quant.fp8_round_attention(r), r)  # an FP8 value rounds to itself
+
+
 def test_only_decoder_linear_weights_are_quantized():
     sd = {
         "model.embed_tokens.weight": torch.randn(32, 128),
