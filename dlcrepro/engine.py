@@ -182,6 +182,8 @@ class Precision:
     name: str
     # weights as the engine computes with them, from the trainer's float state dict.
     transform: Callable[[dict[str, torch.Tensor], torch.dtype], dict[str, torch.Tensor]]
+    # the most mean |log q − log π| per token a weight sync may leave (`VLLMEngine.check_sync`)
+    sync_bound: float
     # the emulation: linear inputs, and the attention's query, key and value, rounded through FP8
     # by hooks inside the vLLM model (what vLLM's kernels do on GPU).
     fp8_activations: bool = False
@@ -193,15 +195,37 @@ class Precision:
     native_gpu_engine_kwargs: dict = field(default_factory=dict)
 
 
+# The sync check (`VLLMEngine.check_sync`): after each weight load the engine teacher-forces a few
+# short sequences, and its mean |log q − log π| per token against the trainer's weights of the
+# version pushed must not exceed the precision's `sync_bound`. Measured on the smoke config's tiny
+# model (bench/sync_check.py, docs/measurements.md "The weight-sync check": 10 RL steps, rollout
+# and prompt sequences), a correct sync gave at most 0.013 in bf16 and 0.070 in emulated FP8;
+# weights zeroed, vLLM's dummy init or another model's gave at least 2.63 (a 32-token vocabulary:
+# uniform log-probs are only log 32 = 3.5 nats off; on Qwen3's they are log 151,936 = 11.9). The
+# bounds, 0.1 and 0.5, are about 7x the largest correct value: room for the paper models' larger
+# rounding, which could not be measured here (no GPU), still at least 5x below the smallest broken
+# value. The native FP8 engine takes the FP8 bound: it differs from the emulation by about one FP8
+# rounding (tests/test_fp8_native.py).
+CHECK_SEQS = 4  # sequences teacher-forced per check
+CHECK_TOKENS = 32  # response tokens scored per sequence, at most
+# the trainer's `(N,)` log-probs of the responses' tokens given (prompts, responses)
+TrainerLogp = Callable[[list[list[int]], list[list[int]]], torch.Tensor]
+
+
+class SyncCheckError(RuntimeError):
+    """After a weight sync the engine does not compute what the trainer holds."""
+
+
 def _as_dtype(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
     return {k: v.to(dtype) for k, v in state.items()}
 
 
 PRECISIONS: dict[str, Precision] = {
-    "bf16": Precision("bf16", _as_dtype),
+    "bf16": Precision("bf16", _as_dtype, sync_bound=0.1),
     "fp8": Precision(
         "fp8",
         quant.fp8_emulated_state_dict,
+        sync_bound=0.5,
         fp8_activations=True,
         native_transform=quant.fp8_checkpoint_state_dict,
         # vLLM's block-FP8 linear method (Fp8Config with weight_block_size): it allocates FP8 `weight`
@@ -313,6 +337,15 @@ class VLLMEngine:
                 raise RuntimeError("fp8 engine: no attention layer found to quantize its inputs")
         # the engine holds the directory's weights (version 0), or dummy ones until the first load
         self.version = -1 if self.native else 0
+        # a few sequences it last sampled: what the next sync's check teacher-forces
+        self.check_seqs: tuple[list[list[int]], list[list[int]]] | None = None
+
+    @property
+    def kind(self) -> str:
+        """The engine's precision as its error messages name it."""
+        if self.precision.name == "bf16":
+            return "bf16"
+        return f"{self.precision.name} ({'native' if self.native else 'emulated'})"
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         transform = self.precision.native_transform if self.native else self.precision.transform
@@ -370,6 +403,7 @@ class VLLMEngine:
                     if k:
                         tk_ids.append(lp.token_ids[s + 1 : e] if e - s > k else lp.token_ids[s:e])
                         tk_logp.append(lp.logprobs[s + 1 : e] if e - s > k else lp.logprobs[s:e])
+        self._keep_for_check(prompt_ids, response_ids)
         return Rollout(
             prompt_ids=prompt_ids,
             response_ids=response_ids,
@@ -395,6 +429,60 @@ class VLLMEngine:
             torch.tensor([pos[t].logprob for pos, t in zip(o.prompt_logprobs[len(p):], r)], dtype=torch.float32)
             for o, p, r in zip(outs, prompts, responses)
         ]
+
+    def _keep_for_check(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> None:
+        """Keep CHECK_SEQS of the responses just sampled, spread over the batch, each cut to its
+        first CHECK_TOKENS: the update that follows a rollout was computed on its responses, so
+        their log-probs are the ones it moved most."""
+        rows = [i for i, r in enumerate(response_ids) if r]
+        pick = rows[:: max(1, len(rows) // CHECK_SEQS)][:CHECK_SEQS]
+        if pick:
+            self.check_seqs = ([prompt_ids[i] for i in pick], [response_ids[i][:CHECK_TOKENS] for i in pick])
+
+    def check_sequences(self, prompts: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[list[int]]]:
+        """The (prompts, responses) a sync check scores: a few the engine last sampled, or, before
+        it has sampled anything, the last CHECK_TOKENS tokens of each of the first CHECK_SEQS
+        `prompts`, given the rest (no decoding)."""
+        if self.check_seqs is not None:
+            return self.check_seqs
+        cut = [max(1, len(p) - CHECK_TOKENS) for p in prompts[:CHECK_SEQS]]
+        return [list(p[:c]) for p, c in zip(prompts, cut)], [list(p[c:]) for p, c in zip(prompts, cut)]
+
+    def sync_discrepancy(self, trainer_logp: TrainerLogp, prompts: Sequence[Sequence[int]]) -> tuple[float, int]:
+        """mean_t |log q(y_t) − log π(y_t)| over the tokens of `check_sequences(prompts)`, and their
+        count: q the engine's teacher-forced log-probs (one prefill), π `trainer_logp(prompts,
+        responses)`, `(N,)` in the same order (responses concatenated)."""
+        p, r = self.check_sequences(prompts)
+        q = torch.cat(self.teacher_forced_logp(p, r))
+        pi = trainer_logp(p, r).float().cpu()
+        if pi.shape != q.shape:
+            raise ValueError(f"sync check: trainer gave {tuple(pi.shape)} log-probs for {q.numel()} tokens")
+        return float((q - pi).abs().mean()), q.numel()
+
+    def check_sync(self, trainer_logp: TrainerLogp, prompts: Sequence[Sequence[int]]) -> float:
+        """After a weight load: the engine must compute what the trainer holds, i.e. their mean
+        |log q − log π| per token on a few sequences (`sync_discrepancy`) must be at most the
+        precision's `sync_bound`; else raise SyncCheckError. Returns the discrepancy.
+
+        What it catches: weights that are not the trainer's, measured as zeroed, vLLM's dummy init
+        (what a native FP8 engine keeps of a weight it was never given) and another model's: off by
+        nats per token. What it cannot tell from a correct sync: the previous version's weights when
+        one update moves log-probs by less than the bound (on the tiny model at lr 0.02 one update
+        moves them at most 0.02 nats per token, within BF16 rounding; at lr 0.3, 0.08-0.33: mostly
+        caught in BF16, never in FP8). A weight missing from a reload keeps the previous version's
+        value, so it is caught only as far as that version is."""
+        d, n = self.sync_discrepancy(trainer_logp, prompts)
+        bound = self.precision.sync_bound
+        if not d <= bound:  # NaN fails too
+            raise SyncCheckError(
+                f"weight sync check failed: the {self.kind} engine, given version {self.version}, computes "
+                f"mean |log q − log π| = {d:.4f} nats/token against the trainer's weights of that version "
+                f"over {n} teacher-forced tokens; a correct {self.precision.name} sync stays under {bound}. "
+                "The engine does not hold the trainer's weights (a weight left out or misnamed, dummy "
+                "weights, or another version's). The bound was measured on the tiny model; if a correct "
+                "sync of this model exceeds it, `engine.sync_check: false` turns the check off."
+            )
+        return d
 
     def greedy(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
         from vllm.inputs import TokensPrompt

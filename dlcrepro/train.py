@@ -271,6 +271,7 @@ class Trainer(Learner):
         shared = self.sampler.precision == "bf16" and self.sampler.always_synced
         self.probe_engine = self.engine if shared else VLLMEngine(str(model_dir), cfg.engine, "bf16", seed)
         self.probe_version = -1
+        self.sync_checks: list[dict] = []  # one per checked weight sync: engine, version, discrepancy, seconds
         # the engine's top-k log-probs only for a correction whose loss reads its distribution
         # (~20 % of a tiny-model sampling call; on Qwen3 the (N, V) q is the trainer's largest tensor)
         self.topk = cfg.engine.topk if self.correction.needs_q else 0
@@ -279,19 +280,37 @@ class Trainer(Learner):
 
     # ------------------------------------------------------------------ pieces of a step
 
+    def push_weights(self, engine: VLLMEngine, model: torch.nn.Module, version: int) -> None:
+        """`model`'s weights into `engine` as `version`, then the sync check (`engine.sync_check`):
+        the engine's teacher-forced log-probs of a few sequences against `model`'s; a failed check
+        raises SyncCheckError and stops the run."""
+        engine.load_weights({k: v.detach() for k, v in model.state_dict().items()}, version)
+        if not self.cfg.engine.sync_check:
+            return
+        t = time.perf_counter()
+
+        def trainer_logp(prompts: list[list[int]], responses: list[list[int]]) -> torch.Tensor:
+            return self.token_logp(model, make_token_batch(prompts, responses, self.tokenizer.pad_token_id).to(self.device))
+
+        d = engine.check_sync(trainer_logp, self.eval_prompts)
+        sec = time.perf_counter() - t
+        self.sync_checks.append({"engine": engine.kind, "version": version, "discrepancy": d, "seconds": sec})
+        log(f"sync check: {engine.kind} engine holds version {version}: mean |log q − log π| {d:.4f}/token "
+            f"(bound {engine.precision.sync_bound}) in {sec:.2f} s")
+
     def sync_sampler(self, cell: Cell) -> None:
         """θ_s ← θ_t, pushed to the run's engine (unless it already holds this version of θ_t)."""
         version = cell.step
         self.sampler_model.load_state_dict(self.policy.state_dict())
         if self.engine.version != version:
-            self.engine.load_weights(self.state(), version)
+            self.push_weights(self.engine, self.sampler_model, version)
         if self.probe_engine is self.engine:
             self.probe_version = version
         cell.sampler_version = version
 
     def sync_probe(self, version: int) -> None:
         if self.probe_version != version:
-            self.probe_engine.load_weights(self.state(), version)
+            self.push_weights(self.probe_engine, self.policy, version)
             self.probe_version = version
 
     def prompts_for(self, step: int) -> tuple[list[int], list[list[int]]]:
@@ -580,7 +599,7 @@ def start_or_resume(tr: Trainer, ckpt: Path, out: Path, meta: dict, note) -> Cel
         cell.initial = tr.evaluate(0)
     where = {k: os.environ[k] for k in ("SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES") if k in os.environ}
     note(f"device {tr.device}, torch threads {torch.get_num_threads()}" + "".join(f", {k}={v}" for k, v in where.items()))
-    tr.engine.load_weights({k: v.detach() for k, v in tr.sampler_model.state_dict().items()}, cell.sampler_version)
+    tr.push_weights(tr.engine, tr.sampler_model, cell.sampler_version)
     if tr.probe_engine is tr.engine:
         tr.probe_version = cell.sampler_version
     return cell

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dlcrepro import data
-from dlcrepro.engine import VLLMEngine
+from dlcrepro.engine import SyncCheckError, VLLMEngine
 from dlcrepro.grid import get_sampler
 from dlcrepro.model import build_tiny_model, load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
 
@@ -25,10 +25,15 @@ def setup(tiny_model_dir, smoke_cfg):
     return dict(tok=tok, prompts=prompts, model=model, bf16=bf16, fp8=fp8, state=state)
 
 
-def trainer_logp(model, rollout):
-    tb = make_token_batch(rollout.prompt_ids, rollout.response_ids)
+def scored_logp(model, prompts, responses):
+    """The trainer's `(N,)` log-probs of the responses' tokens."""
+    tb = make_token_batch(prompts, responses)
     with torch.no_grad():
         return token_logprobs(response_logits(model, tb), tb.tokens)
+
+
+def trainer_logp(model, rollout):
+    return scored_logp(model, rollout.prompt_ids, rollout.response_ids)
 
 
 def test_engine_logprobs_match_trainer_within_bf16_tolerance_but_not_exactly(setup):
@@ -163,3 +168,82 @@ def test_fp8_engine_attention_computes_with_fp8_query_key_and_value_as_flash_att
     assert layers == 4 and len(seen["after"]) >= 4 * 2  # every layer, prefill and decode steps
     assert not any(all(row) for row in seen["before"])  # RoPE'd BF16 inputs are not FP8 values
     assert all(all(row) for row in seen["after"]) == (name == "fp8")
+
+
+def trainer_logp_fn(model):
+    return lambda prompts, responses: scored_logp(model, prompts, responses)
+
+
+def _perturbed(state: dict[str, torch.Tensor], scale: float, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {k: v + scale * v.abs().mean() * torch.randn(v.shape, generator=g) for k, v in state.items()}
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp8"])
+def test_a_correct_sync_passes_the_check(setup, name):
+    engine = setup[name]
+    engine.generate(setup["prompts"], 2, seed=3)  # the check scores a few of these
+    d = engine.check_sync(trainer_logp_fn(setup["model"]), setup["prompts"])
+    assert 0 < d <= engine.precision.sync_bound
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp8"])
+@pytest.mark.parametrize("bad", ["zeros", "dummy", "another model", "previous version"])
+def test_a_broken_sync_fails_the_check_naming_engine_version_and_bound(setup, smoke_cfg, name, bad):
+    """The engine is told version 1 but holds other weights than the trainer's θ_1."""
+    engine, theta_0 = setup[name], setup["state"]
+    theta_1 = _perturbed(theta_0, 0.5, seed=1)  # an update that moves log-probs by far more than rounding
+    model_1 = build_tiny_model(smoke_cfg.models["tiny"].arch, seed=0).eval()
+    model_1.load_state_dict(theta_1)
+    pushed = {
+        "zeros": {k: torch.zeros_like(v) for k, v in theta_1.items()},
+        "dummy": {k: torch.rand(v.shape, generator=torch.Generator().manual_seed(2)).mul(2e-3).sub(1e-3)
+                  for k, v in theta_1.items()},  # vLLM's dummy init: uniform in ±1e-3
+        "another model": {k: v.detach() for k, v in build_tiny_model(smoke_cfg.models["tiny"].arch, seed=7).state_dict().items()},
+        "previous version": theta_0,
+    }[bad]
+    engine.generate(setup["prompts"], 2, seed=3)
+    try:
+        engine.load_weights(pushed, 1)
+        message = rf"the {name}.* engine, given version 1, .*mean \|log q − log π\| = [0-9.]+ .* under {engine.precision.sync_bound}\."
+        with pytest.raises(SyncCheckError, match=message):
+            engine.check_sync(trainer_logp_fn(model_1), setup["prompts"])
+        engine.load_weights(theta_1, 1)  # the right weights pass
+        assert engine.check_sync(trainer_logp_fn(model_1), setup["prompts"]) <= engine.precision.sync_bound
+    finally:
+        engine.load_weights(theta_0, 0)
+
+
+def test_before_its_first_sample_the_check_scores_the_prompts_own_tokens(setup):
+    """A fresh engine (start, resume) has sampled nothing yet: the check needs no decoding."""
+    engine = VLLMEngine.__new__(VLLMEngine)
+    engine.check_seqs = None
+    prompts = [list(range(40)), [5, 6, 7]]
+    p, r = engine.check_sequences(prompts)
+    assert p == [list(range(8)), [5]] and r == [list(range(8, 40)), [6, 7]]
+
+
+def test_a_training_sync_whose_weights_do_not_arrive_stops_the_run(tiny_model_dir, smoke_cfg, monkeypatch):
+    """Every push of the training loop is checked: a load that leaves the engine zeroed (injected
+    into the real engine's load) raises at the sync; honest ones are checked and recorded."""
+    from dlcrepro.train import Cell, Trainer
+
+    tr = Trainer(smoke_cfg, "tiny", "bf16", "pg", 0, tiny_model_dir)  # one engine: sampler and probe
+    cell = Cell()
+    tr.push_weights(tr.engine, tr.sampler_model, 0)  # as a run starts: nothing sampled yet
+    tr.engine.generate(tr.eval_prompts[:4], 2, seed=1)
+    with torch.no_grad():
+        for p in tr.params:  # an update
+            p.add_(0.1 * p.abs().mean() * torch.randn_like(p))
+    cell.step = 1
+    tr.sync_sampler(cell)
+    assert [(c["engine"], c["version"]) for c in tr.sync_checks] == [("bf16", 0), ("bf16", 1)]
+    load = tr.engine.load_weights
+    zeroed = lambda state, version: load({k: torch.zeros_like(v) for k, v in state.items()}, version)  # noqa: E731
+    monkeypatch.setattr(tr.engine, "load_weights", zeroed)
+    cell.step = 2
+    with pytest.raises(SyncCheckError, match="the bf16 engine, given version 2"):
+        tr.sync_sampler(cell)
+    monkeypatch.setattr(tr.cfg.engine, "sync_check", False)  # engine.sync_check: false turns it off
+    cell.step = 3
+    tr.sync_sampler(cell)
