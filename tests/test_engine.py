@@ -215,12 +215,19 @@ def test_a_broken_sync_fails_the_check_naming_engine_version_and_bound(setup, sm
 
 
 def test_before_its_first_sample_the_check_scores_the_prompts_own_tokens(setup):
-    """A fresh engine (start, resume) has sampled nothing yet: the check needs no decoding."""
-    engine = VLLMEngine.__new__(VLLMEngine)
-    engine.check_seqs = None
-    prompts = [list(range(40)), [5, 6, 7]]
-    p, r = engine.check_sequences(prompts)
-    assert p == [list(range(8)), [5]] and r == [list(range(8, 40)), [6, 7]]
+    """An engine that has sampled nothing yet (a run's start or resume) is checked on the last 32
+    tokens of the first four prompts, given the rest: no decoding; afterwards on what it sampled."""
+    engine, kept = setup["bf16"], setup["bf16"].check_seqs
+    try:
+        engine.check_seqs = None
+        prompts = [list(range(40)), [5, 6, 7], [1, 2], [3, 4], [9, 9]]
+        p, r = engine.check_sequences(prompts)
+        assert p == [list(range(8)), [5], [1], [3]] and r == [list(range(8, 40)), [6, 7], [2], [4]]
+        out = engine.generate(setup["prompts"][:2], 4, seed=5)
+        p, r = engine.check_sequences(prompts)
+        assert len(r) == 4 and all(x in out.response_ids for x in r) and all(len(x) <= 32 for x in r)
+    finally:
+        engine.check_seqs = kept
 
 
 def test_a_training_sync_whose_weights_do_not_arrive_stops_the_run(tiny_model_dir, smoke_cfg, monkeypatch):
