@@ -78,9 +78,11 @@ SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-# The data set: 3-number problems (numbers 1-20) and 4-number ones (numbers 1-10), targets 1-100,
-# shuffled together as Countdown-Tasks-3to4 mixes 3 and 4 numbers.
-DATASET_ROWS = {3: 12_000, 4: 6_000}
+# The data set: 3-number problems (numbers 1-15, targets 1-50) and 4-number ones (numbers 1-8,
+# targets 1-40), shuffled together as Countdown-Tasks-3to4 mixes 3 and 4 numbers; small numbers, so
+# that a model of ~2 M parameters warm-started in minutes gets some right.
+DATASET_ROWS = {3: 6400, 4: 6400}
+DATASET_RANGES = {3: ((1, 15), (1, 50)), 4: ((1, 8), (1, 40))}
 DATASET_SEED = 2026
 
 # The warm start: supervised training on worked answers (`countdown.worked_answer`).
@@ -135,8 +137,8 @@ def write_snapshot(src: Path, repo_id: str, kind: str, cache: Path) -> Path:
 def rehearsal_problems() -> list[Problem]:
     """The data set's rows: solvable 3- and 4-number problems, shuffled together (deterministic)."""
     parts = [
-        countdown.generate(DATASET_ROWS[3], seed=DATASET_SEED, num_numbers=3, number_range=(1, 20), target_range=(1, 100)),
-        countdown.generate(DATASET_ROWS[4], seed=DATASET_SEED + 1, num_numbers=4, number_range=(1, 10), target_range=(1, 100)),
+        countdown.generate(rows, seed=DATASET_SEED + k, num_numbers=k, number_range=DATASET_RANGES[k][0], target_range=DATASET_RANGES[k][1])
+        for k, rows in DATASET_ROWS.items()
     ]
     rows = [p for part in parts for p in part]
     order = np.random.default_rng(DATASET_SEED).permutation(len(rows))
@@ -156,9 +158,10 @@ def write_dataset(cache: Path) -> Path:
         (Path(tmp) / "data").mkdir()
         pq.write_table(table, Path(tmp) / "data" / "train-00000-of-00001.parquet")
         (Path(tmp) / "README.md").write_text(
-            f"# {REHEARSAL_DATASET}\n\nMade by dlcrepro.rehearsal: {len(rows)} solvable Countdown problems "
-            f"({DATASET_ROWS[3]} of 3 numbers in 1-20, {DATASET_ROWS[4]} of 4 numbers in 1-10; targets 1-100), "
-            "in Jiayi-Pan/Countdown-Tasks-3to4's columns.\n")
+            f"# {REHEARSAL_DATASET}\n\nMade by dlcrepro.rehearsal: {len(rows)} solvable Countdown problems, "
+            + ", ".join(f"{n} of {k} numbers in {a}-{b} with targets {c}-{d}" for k, n in DATASET_ROWS.items()
+                        for (a, b), (c, d) in [DATASET_RANGES[k]])
+            + ", in Jiayi-Pan/Countdown-Tasks-3to4's columns.\n")
         return write_snapshot(Path(tmp), REHEARSAL_DATASET, "dataset", cache)
 
 
