@@ -249,7 +249,8 @@ def _label(seeds: list[int]) -> str:
 
 def findings_table(steps: pd.DataFrame, runs: pd.DataFrame, replicates: list[list[int]] | None = None, n_boot: int = 1000) -> pd.DataFrame:
     """One row per finding (and model): the paper's value, the rule, each replicate's numbers with
-    ✓/✗, and the verdict: seen (holds in every replicate), not replicated, not seen, or not run."""
+    ✓/✗, and the verdict: seen (holds in every replicate), not replicated, not seen, or cannot tell,
+    naming any replicate none of whose seeds ran ("not run" in its column)."""
     replicates = replicates or [sorted(int(s) for s in runs["seed"].unique())]
     rows = []
     for model in sorted(runs["model"].unique()):
@@ -269,19 +270,29 @@ def findings_table(steps: pd.DataFrame, runs: pd.DataFrame, replicates: list[lis
                 text, holds = rule(c)
                 row[_label(seeds)] = f"{'✓' if holds else '✗' if holds is False else '?'} {text}"
                 verdicts.append(holds)
-            row["seen"] = verdict(verdicts)
+            row["seen"] = verdict(verdicts, [_label(seeds) for seeds in replicates])
             rows.append(row)
     return pd.DataFrame(rows)
 
 
-def verdict(holds: list) -> str:
+def verdict(holds: list, labels: list[str] | None = None) -> str:
     """seen: holds in every replicate (at least two); not seen: fails in all that ran; not
-    replicated: holds in some, fails in others; cannot tell: a replicate could not decide."""
+    replicated: holds in some, fails in others; cannot tell: a replicate could not decide. A
+    verdict over fewer replicates than asked for says which did not run (by `labels`, else how many):
+    "holds in 1 replicate (seeds 3,4,5 not run)"."""
     ran = [h for h in holds if h != "not run"]
+    missing = [lab for lab, h in zip(labels, holds) if h == "not run"] if labels else []
+    not_run = len(holds) - len(ran)
+    suffix = f" ({', '.join(missing) if missing else not_run} not run)" if not_run else ""
     if not ran or any(h is None for h in ran):
-        return "cannot tell"
+        return "cannot tell" + suffix
     if all(h is True for h in ran):
-        return "seen" if len(ran) >= 2 else f"holds in 1 replicate ({len(holds) - len(ran)} not run)"
+        return ("seen" if len(ran) >= 2 else "holds in 1 replicate") + suffix
     if all(h is False for h in ran):
-        return "not seen"
-    return "not replicated"
+        return "not seen" + suffix
+    return "not replicated" + suffix
+
+
+def replicates_not_run(table: pd.DataFrame) -> list[str]:
+    """The replicate columns of a findings table in which no run of the grid fell ("seeds 3,4,5")."""
+    return [c for c in table.columns if c.startswith("seeds ") and len(table) and (table[c] == "not run").all()]

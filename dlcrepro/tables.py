@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import analysis as A
-from .findings import findings_table
+from .findings import findings_table, replicates_not_run
 from .util import atomic_write_text
 
 # PAPER.md's numbers by cell. The paper does not say which model F3–F7 and F10 refer to, so they
@@ -214,5 +214,14 @@ def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 
         "zoo": zoo_table(steps, pr, n_boot),
     }
     for name, df in t.items():
-        write_table(df, out, name, CAPTIONS[name])
+        write_table(df, out, name, caption(name, df))
     return t
+
+
+def caption(name: str, df: pd.DataFrame) -> str:
+    """A table's caption; the findings table's also names the replicates that did not run (their
+    column says "not run"), since its verdicts then stand on fewer replicates than the config asks for."""
+    missing = replicates_not_run(df) if name == "findings" else []
+    if not missing:
+        return CAPTIONS[name]
+    return CAPTIONS[name] + f" Not run in this grid: {'; '.join(missing)}; each verdict names the replicates it lacks."

@@ -177,7 +177,37 @@ def test_verdict_needs_every_replicate_and_at_least_two():
     assert verdict([True, False]) == "not replicated"
     assert verdict([False, False]) == "not seen"
     assert verdict([True, "not run"]).startswith("holds in 1 replicate")
-    assert verdict([None, "not run"]) == "cannot tell"
+    assert verdict([None, "not run"]).startswith("cannot tell")
+
+
+def test_a_verdict_over_fewer_replicates_names_the_ones_that_did_not_run():
+    from dlcrepro.findings import verdict
+
+    labels = ["seeds 0,1,2", "seeds 3,4,5"]
+    assert verdict([True, True], labels) == "seen"
+    assert verdict([True, "not run"], labels) == "holds in 1 replicate (seeds 3,4,5 not run)"
+    assert verdict([False, "not run"], labels) == "not seen (seeds 3,4,5 not run)"
+    assert verdict(["not run", False], labels) == "not seen (seeds 0,1,2 not run)"
+    assert verdict([None, "not run"], labels) == "cannot tell (seeds 3,4,5 not run)"
+    assert verdict([False, "not run"]) == "not seen (1 not run)"
+
+
+def test_findings_written_from_one_replicate_say_which_replicate_is_missing(tmp_path):
+    """The main command alone (seeds 0-2 of a config whose replicates are 0-2 and 3-5) rewrites the
+    findings table: the second replicate's column stays, saying "not run", and so do the caption and
+    every verdict."""
+    steps, runs = _study([("bf16", "pg"), ("stale", "is"), ("stale", "dlc")], seeds=(0, 1))
+    T.write_all(steps, runs, tmp_path, n_boot=20, replicates=[[0, 1], [2, 3]])
+    f = pd.read_csv(tmp_path / "findings.csv")
+    assert list(f.columns[5:]) == ["seeds 0,1", "seeds 2,3", "seen"]
+    assert (f["seeds 2,3"] == "not run").all()
+    assert f["seen"].str.endswith("(seeds 2,3 not run)").all()
+    md = (tmp_path / "findings.md").read_text().splitlines()
+    assert md[0].endswith("Not run in this grid: seeds 2,3; each verdict names the replicates it lacks.")
+    # both replicates ran: the caption and verdicts are as committed in paper_tables/findings.md
+    T.write_all(steps, runs, tmp_path, n_boot=20, replicates=[[0], [1]])
+    assert (tmp_path / "findings.md").read_text().splitlines()[0] == T.CAPTIONS["findings"]
+    assert not pd.read_csv(tmp_path / "findings.csv")["seen"].str.contains("not run").any()
 
 
 def _study(cells, seeds=(0, 1)):
