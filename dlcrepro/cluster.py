@@ -104,8 +104,8 @@ def check_device(cfg: Config, model: str) -> None:
     if not cuda_build:
         why = "this torch is a CPU-only build"
         fix = (
-            "run the job in the GPU environment: build it with `bash scripts/setup.sh --gpu` (README, "
-            "\"On a Slurm cluster\"), or give the jobs its interpreter (`python: /path/to/env/bin/python` "
+            "run the job in the GPU environment: build it with `bash scripts/setup.sh --gpu` (docs/cluster.md, "
+            "\"2. Build the environments\"), or give the jobs its interpreter (`python: /path/to/env/bin/python` "
             "in the config) or `--sdm conda` (envs/train-gpu.yaml)"
         )
     else:
@@ -118,7 +118,7 @@ def check_device(cfg: Config, model: str) -> None:
 
 
 # ----------------------------------------------------------------------------- cost model
-# README, "Runtime and GPU-hours": the trainer's share of a paper step measured on one H200
+# docs/cluster.md, "Runtime and GPU-hours": the trainer's share of a paper step measured on one H200
 # (gpu_check piece `paper-trainer`, 512 sequences, ~150k response tokens); the engine's share is a
 # model (throughput assumed, not measured).
 
@@ -186,7 +186,7 @@ def eval_answers_per_eval(cfg: Config, model: str) -> int:
 
 
 # ----------------------------------------------------------------------------- peak memory
-# An estimate from the model's config.json, not a measurement; calibrated on the README's
+# An estimate from the model's config.json, not a measurement; calibrated on docs/cluster.md's
 # "Memory plan" (trainer peaks measured on one H200 at the paper config, responses of 293 tokens
 # on average: 70.5 GiB for Qwen3-0.6B, 82.4 GiB for Qwen3-1.7B), which it gives within 3 % at
 # the cost model's 300-token responses.
@@ -467,7 +467,7 @@ def plan_text(cfg: Config, source: str = "") -> str:
             largest = (key, trained[0], r, len(trained))
     n_trained = sum(c.same_as is None for c in cells)
     lines.append(row("total", len(cells), n_trained, len(cells) - n_trained, "", "", _hours(total_req), _hours(total_est)))
-    lines.append("GPU-h requested: Σ runtime × GPUs of the Slurm requests; estimated: README's H200 cost model (— where a model is not in it)")
+    lines.append("GPU-h requested: Σ runtime × GPUs of the Slurm requests; estimated: the H200 cost model of docs/cluster.md (— where a model is not in it)")
     if largest:
         _, cell, r, n = largest
         lines.append(

@@ -21,7 +21,7 @@ Pieces:
   paper-trainer the trainer's side of one paper step (a stale sampler, dlc, probes) at Qwen3-0.6B
                 and -1.7B size (random weights, their published architectures) with the paper
                 config's batch, micro_batch and micro_batch_tokens: seconds per phase and peak GPU
-                memory, which the README's memory plan and cost model only estimate. CUDA only.
+                memory, which the memory plan and cost model of docs/cluster.md only estimate. CUDA only.
 """
 
 from __future__ import annotations
