@@ -1,4 +1,4 @@
-"""Extending the harness as the README says: a correction is one function and one registry entry,
+"""Extending the harness as docs/extending.md says: a correction is one function and one registry entry,
 nothing else. A copy of this checkout gets a throw-away correction added exactly that way, and the
 workflow trains it and puts it in the tables and figures beside `pg`."""
 
