@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from . import quant
+from .util import log
 from .config import EngineConfig
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -325,6 +326,9 @@ class VLLMEngine:
         gc.freeze()
         self.llm = LLM(**kwargs)
         _LIVE_ENGINES.append(self.llm)
+        if self.precision.native_transform is not None:  # say which FP8 path this run's numbers come from
+            log(f"{precision} engine: " + ("vLLM's native block-FP8 kernels" if self.native else
+                "emulated FP8 (block-FP8 weights, FP8 activations and attention inputs, BF16 kernels)"))
         self.dtype = getattr(torch, cfg.dtype)
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self.eos_id = self.llm.llm_engine.model_config.hf_config.eos_token_id

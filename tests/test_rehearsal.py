@@ -123,6 +123,9 @@ def test_a_paper_job_trains_on_the_rehearsal_checkpoint_with_topk_below_the_voca
                         "--out", str(out), "--set", "models.qwen3-rehearsal.trainer_dtype=bfloat16", "--set", "train.steps=2", "--set", "train.eval_every=2", "--set", "task.n_test=8"],
                        cwd=ROOT, capture_output=True, text=True, timeout=1800, env=env)
     assert p.returncode == 0, p.stderr[-4000:]
+    fp8_path = [line for line in p.stderr.splitlines() if "fp8 engine:" in line]
+    print("\n" + "\n".join(fp8_path))  # which FP8 path ran: native where the CPU has AMX and fp8_backend asks for it
+    assert fp8_path
     import pandas as pd
 
     df = pd.read_parquet(out / "metrics.parquet")
