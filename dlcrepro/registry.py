@@ -30,6 +30,9 @@ class CorrectionInfo:
     # reader only: every micro-batch holds whole sequences (TokenBatch.chunks), so no code path
     # branches on it; a batch split inside a sequence would break these corrections.
     needs_sequences: bool = False
+    # the family the figures draw in one hue, its members apart by line style and marker
+    # (figures.correction_styles); "" = a family of its own.
+    family: str = ""
 
 
 def _infos(*infos: CorrectionInfo) -> dict[str, CorrectionInfo]:
@@ -43,21 +46,26 @@ def _infos(*infos: CorrectionInfo) -> dict[str, CorrectionInfo]:
 
 CORRECTION_INFO: dict[str, CorrectionInfo] = _infos(
     # the paper's five, and the two controls its tables compare against
-    CorrectionInfo("pg", "A·∇ℓ(y)"),
-    CorrectionInfo("center", "A·c(y), q̃ = q", needs_q=True),
-    CorrectionInfo("is", "exp(b − e)·A·∇ℓ(y)"),
-    CorrectionInfo("is_center", "exp(b − a)·A·c(y), q̃ ∝ q·exp(λ)", needs_q=True),
-    CorrectionInfo("ppo", "PPO clip of π_θ/π_old", multi_update=True),
-    CorrectionInfo("dlc", "min(exp(b − a), C)·A·c(y), q̃ ∝ q·min(exp(λ), C); resync", resync=True, needs_q=True),
-    CorrectionInfo("is_resync", "exp(b − e)·A·∇ℓ(y); resync", resync=True),
+    CorrectionInfo("pg", "A·∇ℓ(y)", family="no correction"),
+    CorrectionInfo("center", "A·c(y), q̃ = q", needs_q=True, family="centred"),
+    CorrectionInfo("is", "exp(b − e)·A·∇ℓ(y)", family="token IS"),
+    CorrectionInfo("is_center", "exp(b − a)·A·c(y), q̃ ∝ q·exp(λ)", needs_q=True, family="centred"),
+    CorrectionInfo("ppo", "PPO clip of π_θ/π_old", multi_update=True, family="no correction"),
+    CorrectionInfo("dlc", "min(exp(b − a), C)·A·c(y), q̃ ∝ q·min(exp(λ), C); resync", resync=True, needs_q=True,
+                   family="DLC, the paper's"),
+    CorrectionInfo("is_resync", "exp(b − e)·A·∇ℓ(y); resync", resync=True, family="token IS"),
     # the corrections practitioners run with a vLLM sampler
-    CorrectionInfo("tis", "min(exp(b − e), C)·A·∇ℓ(y)"),
-    CorrectionInfo("seq_tis", "min(ρ_seq, C_seq)·A·∇ℓ(y)", needs_sequences=True),
-    CorrectionInfo("seq_mis", "1[L ≤ ρ_seq ≤ C_seq]·ρ_seq·A·∇ℓ(y), mean over kept tokens", needs_sequences=True),
-    CorrectionInfo("geo_rs", "1[geometric-mean ratio in bounds]·A·∇ℓ(y), mean over kept tokens", needs_sequences=True),
-    CorrectionInfo("icepop", "1[α ≤ exp(old − e) ≤ β]·exp(old − e)·PPO clip of π_θ/π_old", multi_update=True),
-    CorrectionInfo("decoupled_ppo", "1[exp(old − e) ≤ cap]·exp(old − e)·PPO clip of π_θ/π_old", multi_update=True),
-    CorrectionInfo("center_tis", "A·[w(y)∇ℓ(y) − Σ_v q(v)w(v)∇ℓ(v)], w = min(π/q, C)", needs_q=True),
+    CorrectionInfo("tis", "min(exp(b − e), C)·A·∇ℓ(y)", family="token IS"),
+    CorrectionInfo("seq_tis", "min(ρ_seq, C_seq)·A·∇ℓ(y)", needs_sequences=True, family="sequence IS"),
+    CorrectionInfo("seq_mis", "1[L ≤ ρ_seq ≤ C_seq]·ρ_seq·A·∇ℓ(y), mean over kept tokens", needs_sequences=True,
+                   family="sequence IS"),
+    CorrectionInfo("geo_rs", "1[geometric-mean ratio in bounds]·A·∇ℓ(y), mean over kept tokens", needs_sequences=True,
+                   family="sequence IS"),
+    CorrectionInfo("icepop", "1[α ≤ exp(old − e) ≤ β]·exp(old − e)·PPO clip of π_θ/π_old", multi_update=True,
+                   family="PPO with a token mask"),
+    CorrectionInfo("decoupled_ppo", "1[exp(old − e) ≤ cap]·exp(old − e)·PPO clip of π_θ/π_old", multi_update=True,
+                   family="PPO with a token mask"),
+    CorrectionInfo("center_tis", "A·[w(y)∇ℓ(y) − Σ_v q(v)w(v)∇ℓ(v)], w = min(π/q, C)", needs_q=True, family="centred"),
 )
 
 
