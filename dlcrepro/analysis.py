@@ -15,6 +15,7 @@ from typing import Iterable
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from .registry import resync_corrections
 
@@ -27,8 +28,27 @@ LEAVE_FLOOR_WINDOW = 3
 ESS_HALF = 0.5
 
 
+def eval_setting(cell_dir: Path, model: str) -> dict:
+    """How a run's test_accuracy was measured, from the config.yaml its cell wrote: train.eval_on,
+    eval_mode, eval_samples (the model's train overrides applied) and eval_problems, the number of
+    problems evaluated (the RL pool's or the held-out test set's). {} without that file."""
+    p = cell_dir / "config.yaml"
+    if not p.exists():
+        return {}
+    cfg = (yaml.safe_load(p.read_text()) or {}).get("config") or {}
+    train = {**cfg.get("train", {}), **((cfg.get("models", {}).get(model) or {}).get("train") or {})}
+    if "eval_on" not in train:
+        return {}
+    task = cfg.get("task", {})
+    n_train = task.get("n_train", math.nan)
+    pool = min(train.get("pool_size") or n_train, n_train)
+    return {"eval_on": train["eval_on"], "eval_mode": train.get("eval_mode", ""), "eval_samples": train.get("eval_samples", math.nan),
+            "eval_problems": pool if train["eval_on"] == "pool" else task.get("n_test", math.nan)}
+
+
 def collect(summary_paths: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Read each run's summary.json and the metrics.parquet beside it: (steps, runs)."""
+    """Read each run's summary.json and the metrics.parquet beside it: (steps, runs), the runs with
+    how their test accuracy was measured where the cell's config.yaml says (`eval_setting`)."""
     steps, runs = [], []
     for p in summary_paths:
         p = Path(p)
@@ -44,6 +64,7 @@ def collect(summary_paths: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataF
             "resync_steps": json.dumps(s["resync_steps"]),
             "wall_seconds": s.get("wall_seconds", math.nan),
             "computed_as": s.get("computed_as", ""),  # the run whose metrics these are (grid.computed_as)
+            **eval_setting(p.parent, s["model"]),
         })
     if not steps:
         raise ValueError("collect: no runs given")

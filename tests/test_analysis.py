@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from dlcrepro import analysis as A
 from dlcrepro import tables as T
@@ -21,6 +22,23 @@ def run_rows(model, sampler, correction, seed, **cols):
     df = pd.DataFrame({**base, **defaults, **cols})
     df["dev_ratio"] = np.where(df["floor"] > 0, df["dev"] / df["floor"].where(df["floor"] > 0), np.nan)
     return df
+
+
+def test_collect_records_how_test_accuracy_was_measured(tmp_path):
+    """The runs table says what test_accuracy measures, from the config.yaml the cell wrote (the
+    model's train overrides applied); a cell without that file leaves the columns out."""
+    cell = tmp_path / "m" / "stale" / "is" / "seed0"
+    cell.mkdir(parents=True)
+    run_rows("m", "stale", "is", 0, dev=[1.0]).drop(columns=A.RUN).to_parquet(cell / "metrics.parquet")
+    summary = dict(model="m", sampler="stale", correction="is", seed=0, final_test_accuracy=0.5, resync_steps=[])
+    (cell / "summary.json").write_text(json.dumps(summary))
+    config = {"train": {"eval_on": "pool", "eval_mode": "greedy", "eval_samples": 8, "pool_size": 0},
+              "task": {"n_train": 100, "n_test": 32}, "models": {"m": {"train": {"pool_size": 64, "eval_mode": "sampled"}}}}
+    (cell / "config.yaml").write_text(yaml.safe_dump({"cell": {}, "config": config}))
+    _, runs = A.collect([cell / "summary.json"])
+    assert runs.loc[0, ["eval_on", "eval_mode", "eval_samples", "eval_problems"]].tolist() == ["pool", "sampled", 8, 64]
+    (cell / "config.yaml").unlink()
+    assert "eval_on" not in A.collect([cell / "summary.json"])[1]
 
 
 def test_noise_floor_multiple_is_ratio_of_sums_and_nan_without_floor():
