@@ -1,7 +1,18 @@
-"""The paper's figures, each as .pdf and .png, from the collected per-step table."""
+"""The paper's figures, each as .pdf and .png, from the collected per-step and per-run tables.
+
+Each figure reads without the README: its title says what is plotted and over how many seeds
+(a line is the mean over seeds, its band their range); one legend beside the panels, never over
+the data, names every line and every reference line; a cell that is a copy of another
+(`computed_as`, dlcrepro/grid.py) is drawn with hollow markers over the run it equals and named as
+such in the legend; and a correction keeps one colour, line style and marker in every figure
+(`correction_styles`: a family of corrections shares a hue, its members differ in line style and
+marker). Each figure function returns its `Figure`; `write_all` saves them.
+"""
 
 from __future__ import annotations
 
+import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -10,26 +21,160 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from . import analysis as A  # noqa: E402
+from .grid import SAMPLERS  # noqa: E402
+from .registry import CORRECTION_INFO  # noqa: E402
 from .util import atomic_save  # noqa: E402
 
 LAGGED = ("stale", "fp8_stale")
 
+# ----------------------------------------------------------------------------- styles
+
+# One hue per family (registry.CorrectionInfo.family), in the registry's order of first appearance;
+# colour-blind-safe first, no grey (the reference lines are grey).
+FAMILY_COLOURS = ("#0072B2", "#009E73", "#E69F00", "#D62728", "#9467BD", "#8C564B", "#E377C2", "#17BECF", "#BCBD22")
+# a family's members, in registry order: solid, dashed, dotted, dash-dot, ... and a marker each
+MEMBER_LINESTYLES = ("-", (0, (5, 2)), (0, (1, 1.2)), (0, (6, 2, 1, 2)), (0, (3, 1, 1, 1, 1, 1)), (0, (8, 3)))
+MEMBER_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+SAMPLER_COLOURS = dict(zip(SAMPLERS, ("#0072B2", "#56B4E9", "#D55E00", "#CC79A7")))
+REFERENCE_LINE = dict(color="0.35", lw=0.9, zorder=1)  # grey: no correction is drawn in grey
+
+
+@dataclass(frozen=True)
+class Style:
+    """How a correction is drawn in every figure."""
+
+    family: str
+    color: str
+    linestyle: object
+    marker: str
+
+    def line(self, copy: bool = False) -> dict:
+        """`ax.plot` keywords; a copied cell is its markers alone, hollow and larger, drawn over the
+        run it equals, whose line and markers show through them."""
+        if copy:
+            return dict(color=self.color, ls="none", marker=self.marker, ms=7.0, mfc="none", mew=1.3, zorder=3)
+        return dict(color=self.color, ls=self.linestyle, marker=self.marker, lw=1.4, ms=4.0, mew=1.2, zorder=2)
+
+
+def correction_styles(names=()) -> dict[str, Style]:
+    """A Style for every registered correction and every name in `names`: a family shares a colour,
+    its members differ in line style and marker. A name outside the registry is a family of its own.
+    The registry alone fixes a correction's style, so it is the same in every figure and grid."""
+    families: dict[str, list[str]] = {}
+    for name, info in CORRECTION_INFO.items():
+        families.setdefault(info.family or name, []).append(name)
+    for name in sorted(set(names) - set(CORRECTION_INFO)):
+        families.setdefault(name, []).append(name)
+    out = {}
+    for i, (family, members) in enumerate(families.items()):
+        for j, name in enumerate(members):
+            out[name] = Style(family, FAMILY_COLOURS[i % len(FAMILY_COLOURS)], MEMBER_LINESTYLES[j % len(MEMBER_LINESTYLES)],
+                              MEMBER_MARKERS[j % len(MEMBER_MARKERS)])
+    return out
+
+
+def in_legend_order(corrections, styles: dict[str, Style]) -> list[str]:
+    """`corrections` grouped by family, in the order `correction_styles` gave them."""
+    rank = {n: i for i, n in enumerate(styles)}
+    return sorted(corrections, key=lambda n: rank.get(n, len(rank)))
+
+
+def sampler_order(names) -> list[str]:
+    return [s for s in SAMPLERS if s in set(names)] + sorted(set(names) - set(SAMPLERS))
+
+
+# ----------------------------------------------------------------------------- what the data says
+
+
+def copies(runs: pd.DataFrame | None) -> pd.DataFrame:
+    """The copied runs: RUN and `source`, the correction whose run each is. A copy's `computed_as` is
+    its source's cell directory, <correction>/<seed dir> in the grid's layout (train.same_run)."""
+    if runs is None or "computed_as" not in runs:
+        return pd.DataFrame(columns=A.RUN + ["source"])
+    c = runs.loc[runs["computed_as"].fillna("") != "", A.RUN + ["computed_as"]].copy()
+    c["source"] = [Path(p).parent.name for p in c["computed_as"]]
+    return c.drop(columns="computed_as")
+
+
+def copy_labels(runs: pd.DataFrame | None, samplers) -> dict[str, str]:
+    """Per copied correction, what its legend entry adds: " (= pg)" where it is a copy under every one
+    of `samplers` it ran under, " (= is_center under bf16, fp8)" where under some only."""
+    c = copies(runs)
+    out = {}
+    for corr, g in c.loc[c["sampler"].isin(samplers)].groupby("correction"):
+        ran = set(runs.loc[(runs["correction"] == corr) & runs["sampler"].isin(samplers), "sampler"])
+        parts = []
+        for src, gs in g.groupby("source"):
+            where = sampler_order(gs["sampler"].unique())
+            parts.append(f"= {src}" + ("" if set(where) == ran else f" under {', '.join(where)}"))
+        out[corr] = f" ({'; '.join(parts)})"
+    return out
+
+
+def is_copy(runs: pd.DataFrame | None, model: str, sampler: str, correction: str) -> bool:
+    """Whether the cell's runs are copies of another cell's (then drawn with hollow markers)."""
+    c = copies(runs)
+    return bool(((c["model"] == model) & (c["sampler"] == sampler) & (c["correction"] == correction)).any())
+
+
+def seed_count(d: pd.DataFrame, by=A.CELL) -> str:
+    """How many seeds each line averages: "3 seeds", or "1–3 seeds" where cells differ."""
+    n = d.groupby(list(by))["seed"].nunique()
+    lo, hi = (int(n.min()), int(n.max())) if len(n) else (0, 0)
+    return f"{lo} seed{'s' if lo != 1 else ''}" if lo == hi else f"{lo}–{hi} seeds"
+
+
+def over_seeds(d: pd.DataFrame, by=A.CELL) -> str:
+    """The caption's phrase for what a line and its band are."""
+    n = d.groupby(list(by))["seed"].nunique()
+    if len(n) and n.max() > 1:
+        return f"line: mean over {seed_count(d, by)} per cell, band: their range"
+    return f"{seed_count(d, by)} per cell, no band"
+
+
+def eval_measure(steps: pd.DataFrame, runs: pd.DataFrame | None) -> str:
+    """What `test_accuracy` measures, e.g. "sampled accuracy on the RL pool (16 problems, 2 answers
+    each at T = 1)": from the runs table (collect reads each cell's config), else from which accuracy
+    column test_accuracy repeats and whether a held-out accuracy was measured beside it."""
+    cols = ("eval_on", "eval_mode", "eval_samples", "eval_problems")
+    if runs is not None and set(cols) <= set(runs) and runs["eval_on"].notna().all():
+        settings = runs[list(cols)].drop_duplicates()
+        if len(settings) > 1:
+            return "test accuracy (train.eval_on / eval_mode differ between runs)"
+        on, mode, k, n = settings.iloc[0]
+        where = f"the RL pool ({int(n)} problems" if on == "pool" else f"the held-out test set ({int(n)} problems"
+        how = f", {int(k)} answers each at T = 1)" if mode == "sampled" else ", one greedy answer each)"
+        return f"{mode} accuracy on {where}{how}"
+    ev = steps.loc[steps["test_accuracy"].notna()]
+    modes = [m for m in ("sampled", "greedy") if f"accuracy_{m}" in ev and (ev[f"accuracy_{m}"] == ev["test_accuracy"]).all()]
+    if len(modes) != 1:
+        return "test accuracy (train.eval_on / eval_mode not recorded)"
+    pool = "heldout_accuracy_greedy" in ev and ev["heldout_accuracy_greedy"].notna().any()
+    return f"{modes[0]} accuracy on {'the RL pool' if pool else 'the held-out test set'}"
+
+
+# ----------------------------------------------------------------------------- drawing
+
 
 def _save(fig, out: Path, name: str) -> None:
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
     for ext in ("pdf", "png"):
         atomic_save(out / f"{name}.{ext}", lambda tmp, e=ext: fig.savefig(tmp, format=e, dpi=130, bbox_inches="tight"))
     plt.close(fig)
 
 
-def _absent(out: Path, name: str, why: str) -> None:
+def _absent(name: str, why: str) -> Figure:
     """The figure `name` as a note, where the grid lacks the cells it draws."""
     fig, ax = plt.subplots(figsize=(5.5, 1.6))
     ax.axis("off")
     ax.text(0.5, 0.5, f"{name}: not in this grid\n({why})", ha="center", va="center")
-    _save(fig, out, name)
+    return fig
 
 
 def _grid(n_rows: int, n_cols: int, w=4.2, h=3.2, **kw):
@@ -37,159 +182,301 @@ def _grid(n_rows: int, n_cols: int, w=4.2, h=3.2, **kw):
     return fig, axes
 
 
-def _shared_legend(fig, axes, title: str) -> None:
-    """One legend right of the panels instead of one inside each (a grid of 14 corrections would
-    cover every panel); entries in the order they were first drawn, each once."""
-    entries = {}
-    for ax in axes.flat:
-        for h, label in zip(*ax.get_legend_handles_labels()):
-            entries.setdefault(label, h)
-        if ax.get_legend() is not None:
-            ax.get_legend().remove()
-    if entries:
-        fig.legend(list(entries.values()), list(entries), title=title, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+def _panels(n_rows: int, n_cols: int, **kw):
+    """A grid of panels laid out with room for a title above and a legend beside them."""
+    return _grid(n_rows, n_cols, layout="constrained", **kw)
 
 
-def mismatch(steps: pd.DataFrame, out: Path) -> None:
-    """|δ| and |λ| per step and sampler (mean over every run of the sampler): δ flat, λ growing when lagged."""
-    models = sorted(steps["model"].unique())
-    fig, axes = _grid(len(models), 2)
+def _tidy(axes, shared_y: bool) -> None:
+    """Whole steps on every x axis; with a shared y axis, its label once per row."""
+    for row in axes:
+        for j, ax in enumerate(row):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            if shared_y and j:
+                ax.set_ylabel("")
+
+
+def _mean_band(ax, d: pd.DataFrame, y: str, line: dict, x: str = "step", band: bool = True) -> None:
+    """The mean of `y` over the runs in `d` per `x`, and the range over those runs as a band."""
+    g = d.loc[d[y].notna()].groupby(x)[y]
+    mean = g.mean()
+    if mean.empty:
+        return
+    ax.plot(mean.index, mean.to_numpy(), **line)
+    lo, hi = g.min(), g.max()
+    if band and (hi > lo).any():
+        ax.fill_between(mean.index, lo.to_numpy(), hi.to_numpy(), color=line["color"], alpha=0.13, lw=0, zorder=1)
+
+
+def _correction_lines(ax, d: pd.DataFrame, y: str, styles: dict[str, Style], runs, band: bool = True, **extra) -> None:
+    """Every correction of one panel (`d`: one model and sampler), copies drawn last, over their source."""
+    cells = d.groupby(A.CELL, sort=False)
+    flagged = [(key, is_copy(runs, *key)) for key in cells.groups]
+    for (model, sampler, corr), copied in sorted(flagged, key=lambda kc: kc[1]):
+        # a copy's band is its source's: drawn once
+        _mean_band(ax, cells.get_group((model, sampler, corr)), y, {**styles[corr].line(copied), **extra}, band=band and not copied)
+
+
+def _reference(ax, y: float, label: str, ls) -> None:
+    ax.axhline(y, ls=ls, label=label, **REFERENCE_LINE)
+
+
+def _legend(fig, corrections, styles: dict[str, Style], notes: dict[str, str] | None = None, refs=(), title="correction",
+            extra=()) -> None:
+    """One legend beside the panels: the corrections by family (the family's name above its members),
+    a copied correction named with the run it equals, then `extra` entries and the reference lines.
+    Where they are more than fit beside the panels, in columns that never split a family."""
+    notes = notes or {}
+    blocks, family = [], None  # [(handle, label)] per family, then one for the other entries
+    for c in in_legend_order(corrections, styles):
+        s = styles[c]
+        if s.family != family:
+            blocks.append([(_HEADER, f"{s.family}:")] if s.family != c else [])
+        family = s.family
+        blocks[-1].append((Line2D([], [], **{k: v for k, v in s.line().items() if k != "zorder"}), f"{c}{notes.get(c, '')}"))
+    blocks.append([(Line2D([], [], **kw), label) for label, kw in list(extra) + list(refs)])
+    # entries of 8 pt text that fit beside the panels, below the title's lines
+    title_lines = len(fig.get_suptitle().splitlines())
+    rows = max(8, int((fig.get_figheight() - 0.2 * title_lines) * 5), *map(len, blocks))
+    columns = [[]]
+    for b in filter(None, blocks):
+        if columns[-1] and len(columns[-1]) + len(b) > rows:
+            columns.append([])
+        columns[-1].extend(b)
+    height = max(map(len, columns))
+    entries = [e for col in columns for e in col + [(_HEADER, "")] * (height - len(col))]  # a legend fills column by column
+    if any(label for _, label in entries):
+        leg = fig.legend(*zip(*entries), title=title, loc="outside right center", frameon=False, fontsize=8, title_fontsize=9,
+                         handlelength=3.2, ncols=len(columns))  # handles long enough to tell line styles apart
+        for text, (h, _) in zip(leg.get_texts(), entries):
+            if h is _HEADER:
+                text.set_fontweight("bold")
+
+
+_HEADER = Line2D([], [], ls="none")  # a legend entry without a line: a family's name, or a blank
+
+
+def _title(fig, what: str, how: str) -> None:
+    """Above the panels: what is plotted; then how (seeds, bands, copies), each wrapped to the panels' width."""
+    width = max(60, int(fig.get_figwidth() * 13))  # characters of 10 pt text across the panels
+    fig.suptitle("\n".join(textwrap.fill(line, width) for line in (what, how)), fontsize=10)
+
+
+def _panel_samplers(d: pd.DataFrame) -> list[str]:
+    return sampler_order(d["sampler"].unique())
+
+
+COPY_NOTE = "hollow markers, no line: a copied cell (dlcrepro/grid.py), drawn over the run it equals"
+
+
+def _copy_note(notes: dict[str, str]) -> str:
+    return f"; {COPY_NOTE}" if notes else ""
+
+
+def _ref_handle(ls) -> dict:
+    return dict(ls=ls, color=REFERENCE_LINE["color"], lw=REFERENCE_LINE["lw"])
+
+
+# ----------------------------------------------------------------------------- the figures
+
+
+def mismatch(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
+    """|δ| and |λ| per step and sampler (mean over every distinct run of the sampler): δ flat, λ growing when lagged."""
+    d = A.distinct_runs(steps, runs) if runs is not None else steps
+    models, samplers = sorted(d["model"].unique()), _panel_samplers(d)
+    fig, axes = _panels(len(models), 2)
+    cols = (("discrepancy_mean_abs", "mean |discrepancy δ| (nats/token)"), ("lag_mean_abs", "mean |lag λ| (nats/token)"))
     for i, m in enumerate(models):
-        d = steps.loc[steps["model"] == m]
-        for j, (col, label) in enumerate((("discrepancy_mean_abs", "mean |discrepancy δ| (nats/token)"), ("lag_mean_abs", "mean |lag λ| (nats/token)"))):
-            sns.lineplot(data=d, x="step", y=col, hue="sampler", ax=axes[i, j], errorbar=None)
-            axes[i, j].set(title=f"{m}", xlabel="step", ylabel=label)
-    _save(fig, out, "mismatch")
+        for j, (col, label) in enumerate(cols):
+            for s in samplers:
+                _mean_band(axes[i, j], d.loc[(d["model"] == m) & (d["sampler"] == s)], col, dict(color=SAMPLER_COLOURS.get(s, "k"), lw=1.4))
+            axes[i, j].set(title=f"{m}: {label.split(' (')[0].removeprefix('mean ')}", xlabel="step", ylabel=label)
+    _tidy(axes, shared_y=False)
+    runs_per = d.groupby(["model", "sampler"])[["correction", "seed"]].apply(lambda g: len(g.drop_duplicates()))
+    n = f"{runs_per.min()}" if runs_per.min() == runs_per.max() else f"{runs_per.min()}–{runs_per.max()}"
+    _title(fig, "Numerical discrepancy δ (engine vs trainer at the same weights) and policy lag λ (sampler's weights vs trainer's)",
+           f"line: mean over the {n} distinct runs of each sampler ({seed_count(d)} per correction, copied cells once), band: their range")
+    _legend(fig, [], {}, title="sampler", extra=[(s, dict(color=SAMPLER_COLOURS.get(s, "k"), lw=1.4)) for s in samplers])
+    return fig
 
 
-def ess(steps: pd.DataFrame, out: Path) -> None:
-    """Lag ESS of the fresh batch (solid) and its Gaussian prediction (dashed) under lagged samplers, with the 1/2 line."""
+def ess(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
+    """Lag ESS of the fresh batch (thick) and its Gaussian prediction (thin) under lagged samplers, with the 1/2 line."""
     d = steps.loc[steps["sampler"].isin(LAGGED)].assign(ess_seen=lambda x: A.lag_ess_seen(x))
     if d.empty:
-        return _absent(out, "ess", "no run under a lagged sampler (stale, fp8_stale)")
-    models = sorted(steps["model"].unique())
-    order = sorted(d["correction"].unique())  # the same colour for a correction in every panel
-    fig, axes = _grid(len(models), len(LAGGED))
+        return _absent("ess", "no run under a lagged sampler (stale, fp8_stale)")
+    styles = correction_styles(d["correction"].unique())
+    models, samplers = sorted(d["model"].unique()), [s for s in LAGGED if s in set(d["sampler"])]
+    every = max(1, d["step"].nunique() // 10)
+    fig, axes = _panels(len(models), len(samplers), sharey=True)
     for i, m in enumerate(models):
-        for j, s in enumerate(LAGGED):
+        for j, s in enumerate(samplers):
             ax = axes[i, j]
             ds = d.loc[(d["model"] == m) & (d["sampler"] == s)]
-            if len(ds):
-                sns.lineplot(data=ds, x="step", y="ess_seen", hue="correction", hue_order=order, ax=ax, errorbar=None)
-                sns.lineplot(data=ds, x="step", y="ess_lag_gauss", hue="correction", hue_order=order, ax=ax, errorbar=None,
-                             linestyle="--", legend=False)
-            ax.axhline(A.ESS_HALF, color="k", lw=0.8, ls=":", label="1/2")
-            ax.set(title=f"{m} / {s} (dashed: exp(−Var λ))", xlabel="step", ylabel="lag ESS (normalised)", ylim=(0, 1.05))
-    _shared_legend(fig, axes, "correction")
-    _save(fig, out, "ess")
+            _correction_lines(ax, ds, "ess_seen", styles, runs, markevery=every)
+            for corr, g in ds.groupby("correction"):
+                _mean_band(ax, g, "ess_lag_gauss", dict(color=styles[corr].color, ls=styles[corr].linestyle, lw=0.7, alpha=0.6), band=False)
+            _reference(ax, A.ESS_HALF, "ESS 1/2", ":")
+            ax.set(title=f"{m} / {s}", xlabel="step", ylabel="lag ESS (normalised)", ylim=(0, 1.05))
+    _tidy(axes, shared_y=True)
+    notes = copy_labels(runs, samplers)
+    _title(fig, "Lag ESS of each fresh batch, lagged samplers (thick, markers), and its Gaussian prediction exp(−Var λ) (thin)",
+           f"{over_seeds(d)}{_copy_note(notes)}")
+    _legend(fig, d["correction"].unique(), styles, notes, refs=[("ESS 1/2: IS weights fail below", _ref_handle(":"))],
+            extra=[("thin: exp(−Var λ)", dict(color="0.2", lw=0.7, alpha=0.6))])
+    return fig
 
 
-def noise_floor(steps: pd.DataFrame, out: Path) -> None:
+def noise_floor(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     """dev/floor per step (3-step moving average), per correction and sampler, log scale; the floor at 1.
     Drawn at the probe steps only: between sparse probes the average would only repeat the last."""
     d = steps.sort_values(A.RUN + ["step"]).copy()
     d["ratio_ma"] = d.groupby(A.RUN)["dev_ratio"].transform(lambda x: x.rolling(A.LEAVE_FLOOR_WINDOW, min_periods=1).mean())
     d = d.loc[d["dev_ratio"].notna()]
-    models, samplers = sorted(d["model"].unique()), [s for s in ("bf16", "fp8", "stale", "fp8_stale") if s in set(d["sampler"])]
-    order = sorted(d["correction"].unique())  # the same colour for a correction in every panel
-    fig, axes = _grid(len(models), len(samplers), sharey=True)
+    styles = correction_styles(d["correction"].unique())
+    models, samplers = sorted(d["model"].unique()), _panel_samplers(d)
+    fig, axes = _panels(len(models), len(samplers), sharey=True)
     for i, m in enumerate(models):
         for j, s in enumerate(samplers):
             ax = axes[i, j]
-            sns.lineplot(data=d.loc[(d["model"] == m) & (d["sampler"] == s)], x="step", y="ratio_ma", hue="correction", hue_order=order,
-                         ax=ax, errorbar=None, marker="o")
-            ax.axhline(1.0, color="k", lw=0.8, ls=":", label="noise floor")
-            ax.axhline(A.LEAVE_FLOOR_RATIO, color="grey", lw=0.8, ls="--", label="2x floor")
+            _correction_lines(ax, d.loc[(d["model"] == m) & (d["sampler"] == s)], "ratio_ma", styles, runs)
+            _reference(ax, 1.0, "1× floor", ":")
+            _reference(ax, A.LEAVE_FLOOR_RATIO, "2× floor", "--")
             ax.set(yscale="log", title=f"{m} / {s}", xlabel="step", ylabel="dev / floor (3-step mean)")
-    _shared_legend(fig, axes, "correction")
-    _save(fig, out, "noise_floor")
+    _tidy(axes, shared_y=True)
+    notes = copy_labels(runs, samplers)
+    _title(fig, "Deviation from on-policy training, dev / floor at the probe steps (3-step moving average, log scale)",
+           f"{over_seeds(d)}{_copy_note(notes)}")
+    _legend(fig, d["correction"].unique(), styles, notes,
+            refs=[("1× floor: on-policy noise", _ref_handle(":")), (f"{A.LEAVE_FLOOR_RATIO:g}× floor: left the floor", _ref_handle("--"))])
+    return fig
 
 
-def accuracy(steps: pd.DataFrame, out: Path) -> None:
-    """Test accuracy (the reported measure: train.eval_on / eval_mode) at eval steps, per correction and sampler (mean over seeds)."""
+def accuracy(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
+    """Test accuracy (the reported measure: train.eval_on / eval_mode) at eval steps, per correction and sampler."""
     d = steps.loc[steps["test_accuracy"].notna()]
-    models, samplers = sorted(d["model"].unique()), [s for s in ("bf16", "fp8", "stale", "fp8_stale") if s in set(d["sampler"])]
-    order = sorted(d["correction"].unique())
-    fig, axes = _grid(len(models), len(samplers), sharey=True)
+    styles = correction_styles(d["correction"].unique())
+    models, samplers = sorted(d["model"].unique()), _panel_samplers(d)
+    measure = eval_measure(steps, runs)
+    fig, axes = _panels(len(models), len(samplers), sharey=True)
     for i, m in enumerate(models):
         for j, s in enumerate(samplers):
             ax = axes[i, j]
-            sns.lineplot(data=d.loc[(d["model"] == m) & (d["sampler"] == s)], x="step", y="test_accuracy", hue="correction", hue_order=order,
-                         ax=ax, errorbar=None, marker="o")
-            ax.set(title=f"{m} / {s}", xlabel="step", ylabel="test accuracy (reported measure)")
-    _shared_legend(fig, axes, "correction")
-    _save(fig, out, "accuracy")
+            _correction_lines(ax, d.loc[(d["model"] == m) & (d["sampler"] == s)], "test_accuracy", styles, runs)
+            ax.set(title=f"{m} / {s}", xlabel="step", ylabel=measure.replace(" (", "\n("))
+    _tidy(axes, shared_y=True)
+    notes = copy_labels(runs, samplers)
+    _title(fig, f"Test accuracy at the eval steps: {measure}", f"{over_seeds(d)}{_copy_note(notes)}")
+    _legend(fig, d["correction"].unique(), styles, notes)
+    return fig
 
 
-def off_support_kl(steps: pd.DataFrame, out: Path) -> None:
+def off_support_kl(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     """Off-support share (trainer side) beside kl_sampler (what a sampler-side monitor sees), lagged samplers."""
     d = steps.loc[steps["sampler"].isin(LAGGED)].copy()
     if d.empty:
-        return _absent(out, "off_support_kl", "no run under a lagged sampler (stale, fp8_stale)")
-    d["resync"] = d["correction"].isin(A.RESYNC_CORRECTIONS).map({True: "with resync", False: "without resync"})
-    models = sorted(d["model"].unique())
-    order = sorted(d["correction"].unique())
-    fig, axes = _grid(len(models), 2)
+        return _absent("off_support_kl", "no run under a lagged sampler (stale, fp8_stale)")
+    styles = correction_styles(d["correction"].unique())
+    models, samplers = sorted(d["model"].unique()), [s for s in LAGGED if s in set(d["sampler"])]
+    fig, axes = _panels(len(models), 2 * len(samplers))
+    cols = (("off_support", "off-support share (P(y|θ_0) < 1e-3)", "share of probe tokens"),
+            ("kl_sampler", "KL(π_s ‖ π_t) on sampled prefixes", "nats / token"))
     for i, m in enumerate(models):
-        dm = d.loc[d["model"] == m]
-        sns.lineplot(data=dm, x="step", y="off_support", hue="correction", hue_order=order, style="resync", ax=axes[i, 0], errorbar=None)
-        axes[i, 0].set(title=f"{m}: off-support share (P(y|θ_0) < 1e-3)", xlabel="step", ylabel="share of probe tokens")
-        sns.lineplot(data=dm, x="step", y="kl_sampler", hue="correction", hue_order=order, style="resync", ax=axes[i, 1], errorbar=None)
-        axes[i, 1].set(title=f"{m}: KL(π_s ‖ π_t) on sampled prefixes", xlabel="step", ylabel="nats / token")
-    _save(fig, out, "off_support_kl")
+        for j, (col, what, ylabel) in enumerate(cols):
+            for k, s in enumerate(samplers):
+                ax = axes[i, j * len(samplers) + k]
+                _correction_lines(ax, d.loc[(d["model"] == m) & (d["sampler"] == s)], col, styles, runs)
+                ax.set(title=f"{m} / {s}: {what}", xlabel="step", ylabel=ylabel)
+    _tidy(axes, shared_y=False)
+    notes = copy_labels(runs, samplers)
+    resync = {c: f"{notes.get(c, '')} · resyncs" for c in d["correction"].unique() if c in A.RESYNC_CORRECTIONS}
+    _title(fig, "The invisible collapse: trainer-side off-support share (left) beside the sampler-side KL a monitor sees (right)",
+           f"{over_seeds(d)}{_copy_note(notes)}")
+    _legend(fig, d["correction"].unique(), styles, {**notes, **resync})
+    return fig
 
 
-def off_support_drop(steps: pd.DataFrame, out: Path, runs: pd.DataFrame | None = None) -> None:
-    """Off-support share vs accuracy drop over (run, eval step) pairs, with ρ (copied cells once)."""
+def off_support_drop(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
+    """Off-support share vs accuracy drop over (run, eval step) pairs, a panel per sampler, with ρ over all (copied cells once)."""
     drops = A.accuracy_drops(steps)
     if runs is not None:
         drops = A.distinct_runs(drops, runs)
-    fig, ax = plt.subplots(figsize=(5.5, 4.2))
-    if len(drops):
-        sns.scatterplot(data=drops, x="off_support", y="drop", hue="correction", style="sampler", ax=ax)
-        rho = A.spearman(drops["off_support"].to_numpy(float), drops["drop"].to_numpy(float))
-        ax.set_title(f"Spearman ρ = {rho:.2f} over {len(drops)} (run, eval step) pairs")
-    ax.set(xlabel="off-support share", ylabel="accuracy drop vs bf16/pg (same seed, step)")
-    _save(fig, out, "off_support_drop")
+    samplers = _panel_samplers(drops) or ["—"]
+    styles = correction_styles(drops["correction"].unique())
+    fig, axes = _panels(1, len(samplers), w=3.6, h=3.4, sharex=True, sharey=True)
+    for ax, s in zip(axes[0], samplers):
+        ds = drops.loc[drops["sampler"] == s]
+        for c, g in ds.groupby("correction"):
+            st = styles[c]
+            ax.scatter(g["off_support"], g["drop"], color=st.color, marker=st.marker, s=22, alpha=0.8, lw=0)
+        ax.axhline(0.0, ls="-", label="no drop", **REFERENCE_LINE)
+        ax.set(title=s, xlabel="off-support share", ylabel="accuracy drop vs bf16/pg" if ax is axes[0, 0] else "")
+    copied = copy_labels(runs, samplers)
+    left_out = "copied cells left out: " + "; ".join(f"{c}{n}" for c, n in copied.items()) if copied else "no copied cells"
+    rho = A.spearman(drops["off_support"].to_numpy(float), drops["drop"].to_numpy(float)) if len(drops) else float("nan")
+    n_runs = drops.groupby(A.RUN).ngroups if len(drops) else 0
+    _title(fig, f"Off-support share against accuracy drop (bf16/pg of the same seed and step minus the run's): Spearman ρ = {rho:.2f}",
+           f"one point per (run, eval step): {len(drops)} pairs from {n_runs} distinct runs, "
+           f"{seed_count(drops) if len(drops) else '0 seeds'} per cell; {left_out}")
+    styled = {c: Style(s.family, s.color, "none", s.marker) for c, s in styles.items()}
+    _legend(fig, drops["correction"].unique(), styled, refs=[("no drop", _ref_handle("-"))])
+    return fig
 
 
 ACCURACIES = {"accuracy_sampled": "sampled (eval set)", "accuracy_greedy": "greedy (eval set)", "heldout_accuracy_greedy": "greedy (held-out test)"}
 
 
-def learning(steps: pd.DataFrame, out: Path, runs: pd.DataFrame | None = None) -> None:
+def learning(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     """Why the on-policy reference learns, per model: bf16/pg's accuracies per seed from θ_0 (step 0,
     from the runs table) on; the training reward (5-step mean) of `pg` under each sampler; pass@1,
     pass@k and the mixed-group share of bf16/pg's batches; the gradient SNR at probe steps."""
     is_ref = (steps["sampler"] == A.REFERENCE[0]) & (steps["correction"] == A.REFERENCE[1])
     if not is_ref.any():
-        return _absent(out, "learning", "no bf16/pg run, the on-policy reference")
+        return _absent("learning", "no bf16/pg run, the on-policy reference")
     models = sorted(steps["model"].unique())
-    fig, axes = _grid(len(models), 4)
+    fig, axes = _panels(len(models), 4, w=4.0, h=3.4)
+    measure_colours = dict(zip(ACCURACIES.values(), ("#0072B2", "#009E73", "#E69F00")))
+    share_colours = {"pass_at_1": "#0072B2", "pass_at_k": "#009E73", "mixed_groups": "#E69F00"}
     for i, m in enumerate(models):
-        ref = steps.loc[(steps["model"] == m) & (steps["sampler"] == A.REFERENCE[0]) & (steps["correction"] == A.REFERENCE[1])]
+        ref = steps.loc[(steps["model"] == m) & is_ref]
         ev = ref.loc[ref["test_accuracy"].notna(), ["seed", "step", *ACCURACIES]]
         if runs is not None and len(ev):
             r0 = runs.loc[(runs["model"] == m) & (runs["sampler"] == A.REFERENCE[0]) & (runs["correction"] == A.REFERENCE[1])]
             start = pd.DataFrame({"seed": r0["seed"], "step": 0, **{c: r0.get(f"initial_{c}") for c in ACCURACIES}})
             ev = pd.concat([start, ev], ignore_index=True)
-        long = ev.melt(id_vars=["seed", "step"], value_vars=list(ACCURACIES), var_name="measure", value_name="accuracy").dropna()
-        long["measure"] = long["measure"].map(ACCURACIES)
-        if len(long):
-            sns.lineplot(data=long, x="step", y="accuracy", hue="measure", units="seed", estimator=None, ax=axes[i, 0], marker="o", lw=0.9)
-        axes[i, 0].set(title=f"{m}: bf16/pg accuracy, one line per seed", xlabel="step", ylabel="accuracy")
+        ax = axes[i, 0]
+        for col, label in ACCURACIES.items():
+            for _, g in ev.loc[ev[col].notna()].groupby("seed"):
+                g = g.sort_values("step")
+                ax.plot(g["step"], g[col], color=measure_colours[label], marker="o", ms=3, lw=0.9)
+        ax.set(title=f"{m}: bf16/pg accuracy, a line per seed", xlabel="step", ylabel="accuracy")
+        ax.legend([Line2D([], [], color=c, marker="o", ms=3, lw=0.9) for c in measure_colours.values()], list(measure_colours),
+                  loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False, fontsize=8)
         pg = steps.loc[(steps["model"] == m) & (steps["correction"] == "pg")].sort_values(A.RUN + ["step"]).copy()
         pg["reward_ma"] = pg.groupby(A.RUN)["reward_mean"].transform(lambda x: x.rolling(5, min_periods=1).mean())
-        sns.lineplot(data=pg, x="step", y="reward_ma", hue="sampler", ax=axes[i, 1], errorbar=None)
+        samplers = _panel_samplers(pg)
+        for s in samplers:
+            _mean_band(axes[i, 1], pg.loc[pg["sampler"] == s], "reward_ma", dict(color=SAMPLER_COLOURS.get(s, "k"), lw=1.3))
         axes[i, 1].set(title=f"{m}: pg training reward (5-step mean)", xlabel="step", ylabel="mean reward (±1)")
-        rates = ref.melt(id_vars=["seed", "step"], value_vars=["pass_at_1", "pass_at_k", "mixed_groups"], var_name="share", value_name="value")
-        sns.lineplot(data=rates, x="step", y="value", hue="share", ax=axes[i, 2], errorbar=None)
+        axes[i, 1].legend([Line2D([], [], color=SAMPLER_COLOURS.get(s, "k"), lw=1.3) for s in samplers], samplers, title="sampler",
+                          loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False, fontsize=8, ncols=2)
+        for share, c in share_colours.items():
+            _mean_band(axes[i, 2], ref, share, dict(color=c, lw=1.3))
         axes[i, 2].set(title=f"{m}: bf16/pg batches", xlabel="step", ylabel="share", ylim=(0, 1.02))
+        axes[i, 2].legend([Line2D([], [], color=c, lw=1.3) for c in share_colours.values()], ["pass@1", "pass@k", "mixed-reward groups"],
+                          loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False, fontsize=8)
         snr = steps.loc[(steps["model"] == m) & (steps["correction"] == "pg") & steps["grad_snr"].notna()]
-        if len(snr):
-            sns.lineplot(data=snr, x="step", y="grad_snr", hue="sampler", ax=axes[i, 3], errorbar=None, marker="o")
-        axes[i, 3].axhline(1.0, color="k", lw=0.8, ls=":")
+        for s in _panel_samplers(snr):
+            _mean_band(axes[i, 3], snr.loc[snr["sampler"] == s], "grad_snr",
+                       dict(color=SAMPLER_COLOURS.get(s, "k"), lw=1.3, marker="o", ms=3, label=f"pg / {s}"))
+        _reference(axes[i, 3], 1.0, "SNR 1: signal = noise", ":")
         axes[i, 3].set(yscale="log", title=f"{m}: on-policy gradient SNR (probe steps)", xlabel="step", ylabel="‖mean‖² / noise")
-    _save(fig, out, "learning")
+        axes[i, 3].legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False, fontsize=8, ncols=2)
+    _tidy(axes, shared_y=False)
+    ref_all = steps.loc[is_ref]
+    _title(fig, "Why the on-policy reference (bf16/pg) learns: its accuracy, the training reward, its batches, its gradient's signal-to-noise",
+           f"accuracy: a line per seed ({seed_count(ref_all)}); other panels: mean over seeds, band: their range (same colour: same sampler)")
+    return fig
 
 
 FIGURES = {f.__name__: f for f in (mismatch, ess, noise_floor, accuracy, off_support_kl, off_support_drop, learning)}
@@ -198,5 +485,5 @@ FIGURES = {f.__name__: f for f in (mismatch, ess, noise_floor, accuracy, off_sup
 def write_all(steps: pd.DataFrame, out: Path, runs: pd.DataFrame | None = None) -> None:
     out = Path(out)
     sns.set_theme(style="whitegrid", context="paper")
-    for f in FIGURES.values():
-        f(steps, out, runs) if f in (learning, off_support_drop) else f(steps, out)
+    for name, f in FIGURES.items():
+        _save(f(steps, runs), out, name)

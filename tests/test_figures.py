@@ -1,0 +1,139 @@
+"""Figures that read alone, checked on the matplotlib Figure objects (not pixels): a style per
+correction, copies named, the seed count in the title, reference lines labelled, the legend beside
+the panels, the accuracy's measure on its axis."""
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+
+from dlcrepro import analysis as A
+from dlcrepro import figures as F
+from dlcrepro.registry import CORRECTION_INFO
+
+from test_analysis import NAN, run_rows
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def study(cells, seeds=(0,), copies=None):
+    """Steps and runs over `cells` [(sampler, correction)], 4 steps, a probe and an eval at each;
+    `copies` {(sampler, correction): source correction} marks copied cells as collect does."""
+    copies = copies or {}
+    steps = pd.concat([
+        run_rows("tiny", s, c, k, dev=[1.0 + k, 2.0, 3.0, 4.0 + k], test_accuracy=[0.2, 0.3 + 0.05 * k, 0.3, 0.4],
+                 accuracy_sampled=[0.2, 0.3 + 0.05 * k, 0.3, 0.4], accuracy_greedy=[0.1] * 4, heldout_accuracy_greedy=[0.1] * 4,
+                 ess_lag=[1.0, 0.8, 0.6, 0.4], ess_lag_gauss=[1.0, 0.7, 0.5, 0.3], off_support=[0.0, 0.1, 0.0, 0.2],
+                 discrepancy_mean_abs=[0.01] * 4, lag_mean_abs=[0.0, 0.1, 0.2, 0.3], reward_mean=[-0.4, -0.2 + 0.1 * k, 0.0, 0.1],
+                 pass_at_1=[0.3] * 4, pass_at_k=[0.6] * 4, mixed_groups=[0.5] * 4, grad_snr=[2.0, 1.5, 1.0 + k, 0.8])
+        for s, c in cells for k in seeds
+    ])
+    runs = steps.groupby(A.RUN).agg(final_test_accuracy=("test_accuracy", "last")).reset_index()
+    runs["computed_as"] = [f"results/tiny/{s}/{copies[(s, c)]}/seed{k}" if (s, c) in copies else ""
+                           for s, c, k in zip(runs["sampler"], runs["correction"], runs["seed"])]
+    return steps, runs
+
+
+def title(fig) -> str:
+    """The figure's title, its lines (wrapped to the figure's width) joined by spaces."""
+    return " ".join(fig.get_suptitle().split())
+
+
+def legend_texts(fig) -> list[str]:
+    return [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+
+
+def test_the_palette_keeps_every_registered_correction_apart_and_a_family_in_one_hue():
+    styles = F.correction_styles()
+    assert set(styles) == set(CORRECTION_INFO) and len(styles) >= 14
+    assert len({(s.color, s.linestyle) for s in styles.values()}) == len(styles)  # colour and line style alone
+    assert len({(s.color, s.marker) for s in styles.values()}) == len(styles)  # colour and marker alone (scatter)
+    families = {}
+    for s in styles.values():
+        families.setdefault(s.family, set()).add(s.color)
+    assert all(len(colours) == 1 for colours in families.values())  # a family shares its hue
+    assert len({c for colours in families.values() for c in colours}) == len(families)  # and no other family has it
+    assert styles["is"].color == styles["is_resync"].color and styles["is"].linestyle != styles["is_resync"].linestyle
+    # the five a reader could not tell apart in the zoo's accuracy figure
+    five = [styles[c] for c in ("icepop", "is", "is_center", "is_resync", "pg")]
+    assert len({(s.color, s.linestyle) for s in five}) == 5
+
+
+def test_a_correction_outside_the_registry_is_a_family_of_its_own():
+    styles = F.correction_styles(["halved_pg"])
+    assert styles["halved_pg"].family == "halved_pg"
+    assert styles["halved_pg"].color not in {s.color for n, s in styles.items() if n != "halved_pg"}
+    assert F.correction_styles()["pg"] == styles["pg"]  # the others keep their style
+
+
+def test_a_copied_cell_is_named_in_the_legend_and_drawn_hollow_over_its_source():
+    cells = [(s, c) for s in ("bf16", "stale") for c in ("pg", "ppo", "is_center", "dlc")]
+    copies = {("bf16", "ppo"): "pg", ("stale", "ppo"): "pg", ("bf16", "dlc"): "is_center"}
+    steps, runs = study(cells, seeds=(0, 1), copies=copies)
+    fig = F.noise_floor(steps, runs)
+    texts = legend_texts(fig)
+    assert "ppo (= pg)" in texts  # a copy under every sampler it ran under
+    assert "dlc (= is_center under bf16)" in texts  # under stale it is a run of its own
+    assert "pg" in texts and "is_center" in texts
+    assert "hollow markers" in title(fig)
+    bf16 = fig.axes[0]
+    hollow = [ln for ln in bf16.get_lines() if ln.get_markerfacecolor() == "none"]
+    assert len(hollow) == 2  # ppo and dlc, drawn after (over) pg and is_center
+    assert all(ln.get_zorder() > 2 and ln.get_linestyle() == "None" for ln in hollow)  # markers only: the source's line shows
+    assert len(bf16.collections) == 2  # a band for pg and is_center; their copies' bands would be the same
+
+
+def test_the_title_states_the_seed_count_and_a_band_spans_the_seeds():
+    steps, runs = study([("bf16", "pg"), ("stale", "is")], seeds=(0, 1, 2))
+    fig = F.noise_floor(steps, runs)
+    assert "mean over 3 seeds per cell, band: their range" in title(fig)
+    assert all(ax.collections for ax in fig.axes)  # the seeds' dev differ: a band in each panel
+    one, runs1 = study([("bf16", "pg")], seeds=(0,))
+    fig1 = F.accuracy(one, runs1)
+    assert "1 seed per cell, no band" in title(fig1) and not fig1.axes[0].collections
+
+
+@pytest.mark.parametrize("name", list(F.FIGURES))
+def test_every_figure_has_a_title_with_its_seed_count(name):
+    steps, runs = study([("bf16", "pg"), ("stale", "is"), ("stale", "dlc")], seeds=(0, 1))
+    fig = F.FIGURES[name](steps, runs)
+    assert "2 seeds" in title(fig) and len(fig.get_suptitle().splitlines()) >= 2  # what; then how
+
+
+def test_reference_lines_are_labelled_in_the_legend():
+    steps, runs = study([("bf16", "pg"), ("stale", "is")])
+    for fig, want in ((F.noise_floor(steps, runs), {"1× floor", "2× floor"}), (F.ess(steps, runs), {"ESS 1/2"})):
+        flat = {ln.get_label() for ax in fig.axes for ln in ax.get_lines() if len(set(ln.get_ydata())) == 1}
+        assert flat == want  # every horizontal line carries its name
+        assert all(any(t.startswith(w) for t in legend_texts(fig)) for w in want)
+
+
+def test_the_legend_sits_beside_the_panels_not_over_them():
+    cells = [(s, c) for s in ("bf16", "fp8", "stale", "fp8_stale") for c in CORRECTION_INFO]
+    steps, runs = study(cells)
+    for f in (F.noise_floor, F.accuracy, F.ess):
+        fig = f(steps, runs)
+        fig.canvas.draw()
+        (leg,) = fig.legends
+        box = leg.get_window_extent()
+        assert not any(box.overlaps(ax.get_window_extent()) for ax in fig.axes), f.__name__
+        assert not any(ax.get_legend() for ax in fig.axes)
+
+
+def test_the_accuracy_axis_says_what_is_measured():
+    steps, runs = study([("bf16", "pg")])
+    runs = runs.assign(eval_on="pool", eval_mode="sampled", eval_samples=8, eval_problems=64)
+    fig = F.accuracy(steps, runs)
+    want = "sampled accuracy on the RL pool (64 problems, 8 answers each at T = 1)"
+    assert fig.axes[0].get_ylabel().replace("\n", " ") == want and want in title(fig)
+    held = runs.assign(eval_on="test", eval_mode="greedy", eval_problems=256)
+    assert F.eval_measure(steps, held) == "greedy accuracy on the held-out test set (256 problems, one greedy answer each)"
+    # a runs table collected before it recorded the setting: read off the steps table
+    assert F.eval_measure(steps, runs.drop(columns=["eval_on", "eval_mode", "eval_samples", "eval_problems"])) == \
+        "sampled accuracy on the RL pool"
+    steps.loc[:, "heldout_accuracy_greedy"] = NAN
+    steps["accuracy_greedy"] = steps["test_accuracy"]
+    assert F.eval_measure(steps, None) == "test accuracy (train.eval_on / eval_mode not recorded)"  # both columns repeat it
