@@ -86,6 +86,11 @@ class TaskConfig:
     """seed of the problem generator (fixes both splits)."""
     prompt: Literal["compact", "chat"] = "compact"
     """`compact` (tiny model: `a,b,c=>T:`) or `chat` (Qwen3 instruction through the chat template)."""
+    answer_format: Literal["expression", "worked"] = "expression"
+    """what the tiny model's warm start teaches it to write: `expression`, the solver's answer alone
+    (`(3*5)+4`), or `worked`, one line of steps, each operation with its value, then the answer in
+    the paper's tags (`3*5=15, 15+4=19` newline `<answer>(3*5)+4</answer>`). Either is scored by
+    its final equation only."""
 
 
 @dataclass

@@ -15,7 +15,9 @@ from typing import Sequence
 import torch
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
-CHARS = "0123456789+-*/()=,>: "
+# The last eight spell the worked format's `<answer>` tags and its line break; appended, so the
+# ids of the first 21 (all the expression format uses) are unchanged.
+CHARS = "0123456789+-*/()=,>: answer<\n"
 
 
 def build_tokenizer():

@@ -41,7 +41,7 @@ def warmstart(cfg: Config, model_name: str, out: Path | None = None) -> dict:
     model = build_tiny_model(mcfg.arch, ws.seed)
     n_params = sum(p.numel() for p in model.parameters())
     prompts = data.encode_prompts(tokenizer, train, cfg.task.prompt)
-    answers = [tokenizer(countdown.solve(p.numbers, p.target), add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for p in train]
+    answers = [tokenizer(answer_text(p, cfg.task.answer_format), add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for p in train]
     t_start = time.time()
     steps_done, loss, train_seconds = supervised_train(model, prompts, answers, ws, tokenizer.pad_token_id, f"warmstart {model_name}")
     model.eval()
@@ -67,6 +67,13 @@ def warmstart(cfg: Config, model_name: str, out: Path | None = None) -> dict:
     atomic_write_text(out / "warmstart.json", json.dumps(summary, indent=1))
     log(f"warmstart {model_name}: {n_params} parameters, {steps_done} steps in {train_seconds:.0f} s, greedy test accuracy {acc:.3f}")
     return summary
+
+
+def answer_text(problem, answer_format: str) -> str:
+    """The response the warm start teaches for `problem` (`task.answer_format`)."""
+    if answer_format == "worked":
+        return countdown.worked_answer(problem.numbers, problem.target)
+    return countdown.solve(problem.numbers, problem.target)
 
 
 def supervised_train(model, prompts, answers, ws, pad_id: int, desc: str) -> tuple[int, float, float]:

@@ -25,3 +25,24 @@ def test_warmup_steps_is_a_typed_config_key(tmp_path):
     assert cfg.models["tiny"].warmstart.warmup_steps >= 0
     with pytest.raises(ConfigError, match="warmup_steps"):
         load(ROOT / "configs" / "tiny.yaml", {"models.tiny.warmstart.warmup_steps": "fifty"})
+
+
+def test_the_worked_format_round_trips_through_the_tiny_tokenizer_and_scores_plus_one():
+    """The tiny model can write what its warm start teaches: every character of a worked answer
+    has an id of its own (no <unk>), the text decodes unchanged, and it scores +1. The expression
+    format's ids are the ones they were before the worked format's characters were appended."""
+    from dlcrepro import countdown
+    from dlcrepro.countdown import Problem
+    from dlcrepro.model import build_tokenizer
+    from dlcrepro.warmstart import answer_text
+
+    tok = build_tokenizer()
+    assert len(tok) == 32  # the tiny arch's vocab_size
+    p = Problem(numbers=(10, 15, 12), target=13)
+    worked = answer_text(p, "worked")
+    assert worked == "10+15=25, 25-12=13\n<answer>(10+15)-12</answer>"
+    ids = tok(worked, add_special_tokens=False).input_ids
+    assert tok.unk_token_id not in ids and tok.decode(ids) == worked
+    assert countdown.score(worked, p.numbers, p.target) == countdown.REWARD_CORRECT
+    assert answer_text(p, "expression") == "(10+15)-12"
+    assert tok("0123456789+-*/()=,>: ", add_special_tokens=False).input_ids == list(range(3, 24))
