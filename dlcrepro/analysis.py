@@ -334,3 +334,23 @@ def interval_width_by_probe_density(steps: pd.DataFrame, thinning=(1, 2, 5), n_b
                      "cells": int(len(b))})
     return pd.DataFrame(rows)
 
+
+def eval_measure(steps: pd.DataFrame, runs: pd.DataFrame | None) -> str:
+    """What `test_accuracy` measures, e.g. "sampled accuracy on the RL pool (16 problems, 2 answers
+    each at T = 1)": from the runs table (collect reads each cell's config), else from which accuracy
+    column test_accuracy repeats and whether a held-out accuracy was measured beside it."""
+    cols = ("eval_on", "eval_mode", "eval_samples", "eval_problems")
+    if runs is not None and set(cols) <= set(runs) and runs["eval_on"].notna().all():
+        settings = runs[list(cols)].drop_duplicates()
+        if len(settings) > 1:
+            return "test accuracy (train.eval_on / eval_mode differ between runs)"
+        on, mode, k, n = settings.iloc[0]
+        where = f"the RL pool ({int(n)} problems" if on == "pool" else f"the held-out test set ({int(n)} problems"
+        how = f", {int(k)} answers each at T = 1)" if mode == "sampled" else ", one greedy answer each)"
+        return f"{mode} accuracy on {where}{how}"
+    ev = steps.loc[steps["test_accuracy"].notna()]
+    modes = [m for m in ("sampled", "greedy") if f"accuracy_{m}" in ev and (ev[f"accuracy_{m}"] == ev["test_accuracy"]).all()]
+    if len(modes) != 1:
+        return "test accuracy (train.eval_on / eval_mode not recorded)"
+    pool = "heldout_accuracy_greedy" in ev and ev["heldout_accuracy_greedy"].notna().any()
+    return f"{modes[0]} accuracy on {'the RL pool' if pool else 'the held-out test set'}"

@@ -137,27 +137,6 @@ def over_seeds(d: pd.DataFrame, by=A.CELL) -> str:
     return f"{seed_count(d, by)} per cell, no band"
 
 
-def eval_measure(steps: pd.DataFrame, runs: pd.DataFrame | None) -> str:
-    """What `test_accuracy` measures, e.g. "sampled accuracy on the RL pool (16 problems, 2 answers
-    each at T = 1)": from the runs table (collect reads each cell's config), else from which accuracy
-    column test_accuracy repeats and whether a held-out accuracy was measured beside it."""
-    cols = ("eval_on", "eval_mode", "eval_samples", "eval_problems")
-    if runs is not None and set(cols) <= set(runs) and runs["eval_on"].notna().all():
-        settings = runs[list(cols)].drop_duplicates()
-        if len(settings) > 1:
-            return "test accuracy (train.eval_on / eval_mode differ between runs)"
-        on, mode, k, n = settings.iloc[0]
-        where = f"the RL pool ({int(n)} problems" if on == "pool" else f"the held-out test set ({int(n)} problems"
-        how = f", {int(k)} answers each at T = 1)" if mode == "sampled" else ", one greedy answer each)"
-        return f"{mode} accuracy on {where}{how}"
-    ev = steps.loc[steps["test_accuracy"].notna()]
-    modes = [m for m in ("sampled", "greedy") if f"accuracy_{m}" in ev and (ev[f"accuracy_{m}"] == ev["test_accuracy"]).all()]
-    if len(modes) != 1:
-        return "test accuracy (train.eval_on / eval_mode not recorded)"
-    pool = "heldout_accuracy_greedy" in ev and ev["heldout_accuracy_greedy"].notna().any()
-    return f"{modes[0]} accuracy on {'the RL pool' if pool else 'the held-out test set'}"
-
-
 # ----------------------------------------------------------------------------- drawing
 
 
@@ -357,7 +336,7 @@ def accuracy(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     d = steps.loc[steps["test_accuracy"].notna()]
     styles = correction_styles(d["correction"].unique())
     models, samplers = sorted(d["model"].unique()), _panel_samplers(d)
-    measure = eval_measure(steps, runs)
+    measure = A.eval_measure(steps, runs)
     fig, axes = _panels(len(models), len(samplers), sharey=True)
     for i, m in enumerate(models):
         for j, s in enumerate(samplers):

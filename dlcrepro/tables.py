@@ -181,7 +181,7 @@ def write_table(df: pd.DataFrame, out: Path, name: str, caption: str) -> None:
 
 CAPTIONS = {
     "noise_floor": "Deviation from on-policy training in multiples of the noise floor: per run M = sum dev / sum floor over its probe steps; per cell the mean over runs with a 95 % bootstrap interval (resampling runs, and probe steps within each run).",
-    "accuracy": "Test accuracy (the measure train.eval_on / train.eval_mode choose; the tiny study: sampled, 8 answers per problem at T = 1, on the RL pool) of θ_0 and at the last step, and the rise between them: mean [95 % bootstrap interval over runs].",
+    "accuracy": "Test accuracy ({measure}) of θ_0 and at the last step, and the rise between them: mean [95 % bootstrap interval over runs].",
     "ess_crossing": "First step with lag ESS < 1/2 (empirical, on the fresh batch), the step the Gaussian prediction exp(-Var lag) crosses, and the step `is` leaves the floor (3-step moving average of dev/floor > 2).",
     "resync": "Steps at which each run with resync resynchronized its sampler.",
     "off_support": "Off-support share (tokens of the trainer's own responses with probability < 1e-3 under the initial policy) before / at collapse points (accuracy drop >= half the bf16/pg reference), beside the sampler-side KL. Copied cells (computed_as) count once.",
@@ -214,7 +214,7 @@ def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 
         "zoo": zoo_table(steps, pr, n_boot),
     }
     for name, df in t.items():
-        write_table(df, out, name, caption(name, df))
+        write_table(df, out, name, caption(name, df).replace("{measure}", A.eval_measure(steps, runs)))
     return t
 
 

@@ -130,10 +130,10 @@ def test_the_accuracy_axis_says_what_is_measured():
     want = "sampled accuracy on the RL pool (64 problems, 8 answers each at T = 1)"
     assert fig.axes[0].get_ylabel().replace("\n", " ") == want and want in title(fig)
     held = runs.assign(eval_on="test", eval_mode="greedy", eval_problems=256)
-    assert F.eval_measure(steps, held) == "greedy accuracy on the held-out test set (256 problems, one greedy answer each)"
+    assert A.eval_measure(steps, held) == "greedy accuracy on the held-out test set (256 problems, one greedy answer each)"
     # a runs table collected before it recorded the setting: read off the steps table
-    assert F.eval_measure(steps, runs.drop(columns=["eval_on", "eval_mode", "eval_samples", "eval_problems"])) == \
+    assert A.eval_measure(steps, runs.drop(columns=["eval_on", "eval_mode", "eval_samples", "eval_problems"])) == \
         "sampled accuracy on the RL pool"
     steps.loc[:, "heldout_accuracy_greedy"] = NAN
     steps["accuracy_greedy"] = steps["test_accuracy"]
-    assert F.eval_measure(steps, None) == "test accuracy (train.eval_on / eval_mode not recorded)"  # both columns repeat it
+    assert A.eval_measure(steps, None) == "test accuracy (train.eval_on / eval_mode not recorded)"  # both columns repeat it
