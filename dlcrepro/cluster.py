@@ -265,14 +265,14 @@ def peak_memory(cfg: Config, model: str, arch: dict, response_tokens: int = RESP
         engines      GPU: engines × gpu_memory_utilization × GPU_GIB (vLLM takes that share of the
                      card whatever the model); CPU: engines × (kv_cache_mib + 2P bytes of bf16 weights).
     """
-    from .registry import correction_info
+    from .registry import updates_per_batch
 
     P = param_count(arch)
     if P is None:
         return None
     t, e = cfg.train_for(model), cfg.engine
     bf16 = cfg.models[model].trainer_dtype == "bfloat16"
-    multi = t.updates_per_batch > 1 and any(correction_info(c).multi_update for c in cfg.grid.corrections)
+    multi = any(updates_per_batch(c, t) > 1 for c in cfg.grid.corrections)
     T = PROMPT_TOKENS + response_tokens
     fit = max(1, t.micro_batch_tokens // T) if t.micro_batch_tokens else t.micro_batch  # 0: no token bound
     m = min(t.micro_batch, t.prompts_per_step * t.responses_per_prompt, fit)

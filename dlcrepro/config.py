@@ -228,7 +228,8 @@ class TrainConfig:
     behav_weight_cap: float = field(default=5.0, metadata=allowed(gt=0))
     """decoupled_ppo drops a token whose behaviour weight π_prox/π_behav exceeds this (AReaL's cap)."""
     updates_per_batch: int = field(default=1, metadata=allowed(ge=1))
-    """SGD steps per batch of the corrections that take several (ppo, decoupled_ppo, icepop)."""
+    """SGD steps per batch of the corrections that take several and do not fix their own count in
+    the registry (ppo, icepop, decoupled_ppo; ppo_multi takes 4)."""
     probe_every: int = field(default=1, metadata=allowed(ge=1))
     """draw the two on-policy probe batches every this many steps (dev, floor, off_support)."""
     eval_every: int = field(default=10, metadata=allowed(ge=1))

@@ -238,9 +238,21 @@ def is_center(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
     return CorrectionLoss(loss, TokenWeights(w))
 
 
+@register_correction("ppo_multi")
 @register_correction("ppo")
 def ppo(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
-    """PPO clipped surrogate, ratio π(θ)/π(θ_old), θ_old = the trainer before this batch."""
+    """PPO clipped surrogate (Schulman et al. 2017), ratio π(θ)/π(θ_old), θ_old = the trainer before
+    this batch; ε = `ppo_eps`. `ppo` takes train.updates_per_batch SGD steps per batch (1 by
+    default: then r = 1 and it is `pg`, bit for bit); `ppo_multi` takes its own 4 (the registry's
+    `updates_per_batch`), each on the whole batch with fresh logits and the same θ_old.
+
+    The peer it is read against: verl's `compute_policy_loss_vanilla` (verl/trainer/ppo/core_algos.py
+    at volcengine/verl@b178a3c), which with `ppo_epochs` 1 and a mini-batch of a quarter of the batch
+    (its defaults: train_batch_size 1024, ppo_mini_batch_size 256) also takes 4 SGD steps per
+    sampled batch. Deliberate differences: each of our steps sees the whole batch, not a quarter
+    (SPEC.md's `updates_per_batch`); no dual clip (verl bounds a negative-advantage token's loss at
+    `clip_ratio_c` 3 · |A|, which at r < 3 never binds); no ±20 clamp of log r (both only matter
+    when θ has moved far within one batch)."""
     surrogate, ratio, off = ppo_surrogate(t, token_logp(t), p.ppo_eps)
     return CorrectionLoss(-surrogate.mean(), TokenWeights(ratio * ~off, clipped=off))
 

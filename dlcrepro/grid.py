@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from .registry import updates_per_batch
+
 if TYPE_CHECKING:
     from .config import TrainConfig
 
@@ -74,7 +76,7 @@ SAME_AS: list[SameAs] = [
     SameAs(
         "ppo",
         "pg",
-        lambda s, t: t.updates_per_batch == 1,
+        lambda s, t: updates_per_batch("ppo", t) == 1,
         "one SGD step per batch: θ_old is θ_t, so the PPO ratio is exactly 1 and the clip never binds",
     ),
     SameAs(

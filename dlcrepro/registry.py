@@ -22,8 +22,12 @@ class CorrectionInfo:
     term: str
     # resynchronize the sampler when the lag ESS of a fresh batch falls below train.resync_ess.
     resync: bool = False
-    # the loss depends on θ_old (PPO-style): train.updates_per_batch SGD steps per batch.
+    # the loss depends on θ_old (PPO-style): several SGD steps per batch (`updates_per_batch` below).
     multi_update: bool = False
+    # a multi_update correction's SGD steps per batch: None takes train.updates_per_batch; a number is
+    # the correction's own, so a variant with more steps (ppo_multi) shares one grid config with the
+    # other cells (train.updates_per_batch is global).
+    updates_per_batch: int | None = None
     # the loss reads the engine's next-token distribution q (its top-k log-probs).
     needs_q: bool = False
     # the loss reads whole sequences (TokenTerms.seq): a sequence-level ratio, mask or mean. For the
@@ -40,6 +44,8 @@ def _infos(*infos: CorrectionInfo) -> dict[str, CorrectionInfo]:
     for i in infos:
         if i.name in out:
             raise ValueError(f"registry: correction {i.name!r} listed twice")
+        if i.updates_per_batch is not None and not (i.multi_update and i.updates_per_batch >= 1):
+            raise ValueError(f"registry: correction {i.name!r}: updates_per_batch needs multi_update and a count >= 1")
         out[i.name] = i
     return out
 
@@ -51,6 +57,9 @@ CORRECTION_INFO: dict[str, CorrectionInfo] = _infos(
     CorrectionInfo("is", "exp(b − e)·A·∇ℓ(y)", family="token IS"),
     CorrectionInfo("is_center", "exp(b − a)·A·c(y), q̃ ∝ q·exp(λ)", needs_q=True, family="centred"),
     CorrectionInfo("ppo", "PPO clip of π_θ/π_old", multi_update=True, family="no correction"),
+    # the paper's PPO read as several SGD steps per batch, the batch reused (F7 measured, not pg's)
+    CorrectionInfo("ppo_multi", "PPO clip of π_θ/π_old, 4 SGD steps per batch", multi_update=True, updates_per_batch=4,
+                   family="several SGD steps per batch"),
     CorrectionInfo("dlc", "min(exp(b − a), C)·A·c(y), q̃ ∝ q·min(exp(λ), C); resync", resync=True, needs_q=True,
                    family="DLC, the paper's"),
     CorrectionInfo("is_resync", "exp(b − e)·A·∇ℓ(y); resync", resync=True, family="token IS"),
@@ -73,6 +82,16 @@ def correction_info(name: str) -> CorrectionInfo:
     if name not in CORRECTION_INFO:
         raise KeyError(f"unknown correction {name!r}; known: {sorted(CORRECTION_INFO)}")
     return CORRECTION_INFO[name]
+
+
+def updates_per_batch(name: str, train) -> int:
+    """The SGD steps correction `name` takes on each sampled batch under a `train` config
+    (config.TrainConfig): 1 unless it is multi_update; then its own count if the registry gives
+    one, else train.updates_per_batch."""
+    info = correction_info(name)
+    if not info.multi_update:
+        return 1
+    return info.updates_per_batch if info.updates_per_batch is not None else train.updates_per_batch
 
 
 def resync_corrections() -> tuple[str, ...]:

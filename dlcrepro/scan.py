@@ -33,6 +33,7 @@ import pandas as pd
 import yaml
 
 from . import paths
+from .registry import updates_per_batch
 from .tables import PAPER_MULTIPLE, _ci_text, _fmt, write_table
 from .util import atomic_save, atomic_write_text, log
 
@@ -339,8 +340,8 @@ def scan(cfg, model: str, sampler: str, corrections: list[str], prompts: list[in
     θ_t: the model directory, or the checkpoint's `policy`; θ_s: the same, or for a lagged sampler
     the checkpoint's `sampler`. θ never moves: no `_apply`. A resync correction (dlc, is_resync) is
     measured at this θ_s without its resync (the rows' `ess_lag` says where it would have fired); a
-    correction with several SGD steps per batch (ppo with updates_per_batch > 1) needs updates and is
-    refused."""
+    correction with several SGD steps per batch (`registry.updates_per_batch` > 1: ppo_multi, or ppo
+    with train.updates_per_batch > 1) needs updates and is refused."""
     import torch
 
     from .config import ConfigError
@@ -357,8 +358,9 @@ def scan(cfg, model: str, sampler: str, corrections: list[str], prompts: list[in
     tcfg = cfg.train_for(model)
     fns = {c: get_correction(c) for c in corrections}
     for c, f in fns.items():
-        if f.multi_update and tcfg.updates_per_batch > 1:
-            raise ConfigError(f"train.updates_per_batch={tcfg.updates_per_batch}: correction {c!r} then takes several SGD steps per batch; the scan does not update θ")
+        if updates_per_batch(c, tcfg) > 1:
+            raise ConfigError(f"correction {c!r} takes {updates_per_batch(c, tcfg)} SGD steps per batch (train.updates_per_batch "
+                              f"or its own in the registry); the scan does not update θ")
     pool = tcfg.pool_size or cfg.task.n_train
     if max(prompts) > pool:
         raise ConfigError(f"train.pool_size={tcfg.pool_size}: a rung of {max(prompts)} prompts needs a pool of as many (e.g. --set train.pool_size=0)")

@@ -20,6 +20,7 @@ PAPER_MULTIPLE = {
     ("stale", "center"): "32x (F5)",
     ("stale", "is_center"): "2.1x (F6)",
     ("stale", "ppo"): "699x (F7)",
+    ("stale", "ppo_multi"): "699x (F7)",  # the paper's PPO read as 4 SGD steps per batch (docs/method.md#ppo_multi)
     ("stale", "dlc"): "<=2x; 0.6B: 1.9x (F8)",
     ("stale", "is"): "115x (F10)",
     ("stale", "is_resync"): "2.6x (F10)",

@@ -33,6 +33,7 @@ from .diagnostics import dev_ratio, kl_rows, mismatch_metrics, off_support_share
 from .engine import Rollout, VLLMEngine
 from .grid import computed_as, get_sampler
 from .model import TokenBatch, load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
+from .registry import updates_per_batch
 from .util import NonFiniteError, atomic_save, atomic_write_text, log
 
 PHASES = ("sync", "sample", "score", "logprobs", "resync", "probe", "correction", "update", "eval", "checkpoint")
@@ -374,7 +375,7 @@ class Trainer(Learner):
                 g_on, g_on2, row["off_support"] = self.probe(probes)
 
         with timer("correction"):
-            updates = t.updates_per_batch if self.correction.multi_update else 1
+            updates = updates_per_batch(self.correction.name, t)  # 1, or its own count, or train.updates_per_batch
             theta_before = flat_params(self.params) if updates > 1 else None
             g_c, diagnostics = self.correction_grad(s, rollout, e, lp, synced, lp.kept)
             lp.kept = None  # frees the kept graph's logits

@@ -17,6 +17,7 @@ from dlcrepro.config import build as build_config
 from dlcrepro.config import with_base
 from dlcrepro.grid import computed_as
 from dlcrepro.paths import BUILT_HERE, REHEARSAL_DATASET, REHEARSAL_MODEL, cache_repo_dir, hf_hub_cache
+from dlcrepro.registry import updates_per_batch
 
 # An overlay (`base: configs/tiny.yaml`, as configs/zoo.yaml) stands on its own: laid over its base
 # here, the key gone, so the jobs' configs are those of the merged file.
