@@ -211,13 +211,16 @@ class TrainConfig:
     ppo_eps: float = field(default=0.2, metadata=allowed(gt=0, lt=1))
     """PPO clip epsilon (ppo, decoupled_ppo, icepop)."""
     seq_clip_c: float = field(default=2.0, metadata=allowed(gt=0))
-    """seq_tis's truncation and seq_mis's upper rejection threshold C_seq on the sequence ratio
-    (verl: 2)."""
+    """C_seq: seq_tis's and seq_mis's truncation of the sequence ratio π_train/π_engine (verl's
+    rollout_is_threshold: 2)."""
     seq_mis_low: float = field(default=0.5, metadata=allowed(ge=0, le=1))
-    """seq_mis rejects a sequence whose ratio is below this (verl's Seq-MIS: 0.5)."""
+    """the lower end of seq_mis's rejection band on the sequence's rollout-over-trainer ratio
+    π_engine/π_train, verl's orientation (its seq_sum_k1 band "0.5_2.0"); 0: no lower bound."""
+    seq_mis_high: float = field(default=2.0, metadata=allowed(ge=1))
+    """the upper end of seq_mis's rejection band on π_engine/π_train of the sequence (verl: 2)."""
     geo_low: float = field(default=0.999, metadata=allowed(gt=0, le=1))
-    """geo_rs keeps a sequence whose geometric-mean ratio lies in [geo_low, geo_high] (verl's
-    Geo-RS)."""
+    """the lower end of geo_rs's band on the geometric mean of π_engine/π_train over a sequence's
+    tokens, verl's orientation (its seq_mean_k1 band "0.999_1.001")."""
     geo_high: float = field(default=1.001, metadata=allowed(ge=1))
     """the upper end of geo_rs's band (verl's Geo-RS: 1.001)."""
     icepop_low: float = field(default=0.5, metadata=allowed(gt=0, le=1))
@@ -226,7 +229,11 @@ class TrainConfig:
     icepop_high: float = field(default=5.0, metadata=allowed(ge=1))
     """IcePop's β: the largest trainer/engine ratio a token keeps (Ring-1T: 5)."""
     behav_weight_cap: float = field(default=5.0, metadata=allowed(gt=0))
-    """decoupled_ppo drops a token whose behaviour weight π_prox/π_behav exceeds this (AReaL's cap)."""
+    """decoupled_ppo drops a token whose behaviour weight π_prox/π_behav exceeds this (AReaL's
+    rejection_sampling upper, token level, metric ratio; its old behave_imp_weight_cap)."""
+    behav_weight_low: float = field(default=0.0, metadata=allowed(ge=0))
+    """decoupled_ppo drops a token whose behaviour weight is below this (AReaL's rejection_sampling
+    lower; 0: none, AReaL's null)."""
     updates_per_batch: int = field(default=1, metadata=allowed(ge=1))
     """SGD steps per batch of the corrections that take several and do not fix their own count in
     the registry (ppo, icepop, decoupled_ppo; ppo_multi takes 4)."""
@@ -391,7 +398,8 @@ def validate(cfg: Config) -> Config:
             raise ConfigError("train.eval_on='pool' needs train.pool_size >= 1 (the RL pool to evaluate on)")
         if t.pool_size > cfg.task.n_train:
             raise ConfigError(f"train.pool_size={t.pool_size}: must be in [0, task.n_train={cfg.task.n_train}]")
-        for low, high in (("seq_mis_low", "seq_clip_c"), ("geo_low", "geo_high"), ("icepop_low", "icepop_high")):
+        for low, high in (("seq_mis_low", "seq_mis_high"), ("geo_low", "geo_high"), ("icepop_low", "icepop_high"),
+                          ("behav_weight_low", "behav_weight_cap")):
             if getattr(t, low) > getattr(t, high):  # an empty band would drop every token, silently
                 raise ConfigError(f"train.{low}={getattr(t, low)} is above train.{high}={getattr(t, high)}: the band keeps nothing")
     return _check_grid_names(cfg)

@@ -17,6 +17,7 @@ batch), a rule in `grid.SAME_AS` lets the workflow copy that cell instead of tra
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Callable
 
@@ -98,11 +99,13 @@ class CorrectionParams:
     ppo_eps: float = 0.2
     seq_clip_c: float = 2.0
     seq_mis_low: float = 0.5
+    seq_mis_high: float = 2.0
     geo_low: float = 0.999
     geo_high: float = 1.001
     icepop_low: float = 0.5
     icepop_high: float = 5.0
     behav_weight_cap: float = 5.0
+    behav_weight_low: float = 0.0
 
     @classmethod
     def from_train(cls, tcfg) -> "CorrectionParams":
@@ -186,11 +189,14 @@ def weighted_pg(t: TokenTerms, b: torch.Tensor, weight: torch.Tensor, clipped=No
     return CorrectionLoss(-(weight * t.adv * b).mean(), TokenWeights(weight, clipped, masked))
 
 
-def kept_mean_pg(t: TokenTerms, b: torch.Tensor, weight: torch.Tensor, drop: torch.Tensor) -> CorrectionLoss:
-    """−Σ_kept sg(weight)·A·b / (tokens kept): a rejection that leaves the mean's denominator too."""
+def kept_mean_pg(t: TokenTerms, b: torch.Tensor, weight: torch.Tensor, drop: torch.Tensor,
+                 clipped: torch.Tensor | None = None) -> CorrectionLoss:
+    """−Σ_kept sg(weight)·A·b / (tokens kept): a rejection that leaves the mean's denominator too.
+    No token kept: the loss is 0 (no update), where a mean over the kept tokens would be 0/0."""
     weight = sg(torch.where(drop, torch.zeros_like(weight), weight))
     kept = int((~drop).sum())
-    return CorrectionLoss(-(weight * t.adv * b).sum() / max(kept, 1), TokenWeights(weight, masked=drop), kept=kept)
+    clipped = clipped & ~drop if clipped is not None else None
+    return CorrectionLoss(-(weight * t.adv * b).sum() / max(kept, 1), TokenWeights(weight, clipped, drop), kept=kept)
 
 
 def ppo_surrogate(t: TokenTerms, b: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -274,45 +280,91 @@ def is_resync(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
 
 
 # ----------------------------------------------------------------------------- the corrections practitioners run
-# Each follows its publication; ρ_tok = exp(b − e), ρ_seq = exp(Σ_seq (b − e)), all without gradient.
+# Each follows its peer's code, read at these commits (the docstrings say where and how ours differs):
+#   verl   volcengine/verl@b178a3cd56f58b2d502255daba591e92833930a7 (2026-01-29):
+#          verl/trainer/ppo/rollout_corr_helper.py, verl/trainer/config/algorithm.py (the presets),
+#          verl/trainer/ppo/core_algos.py (`compute_policy_loss_vanilla`)
+#   AReaL  inclusionAI/AReaL@4aef98d8d818af55b43621aaadba047ae10f4e77 (2026-05-21):
+#          areal/utils/functional/functional.py (`apply_rejection_sampling`, `ppo_actor_loss_fn`),
+#          areal/api/cli_args.py (`RejectionSamplingConfig`)
+#   slime  THUDM/slime@624b824a898ab0ec1fcb4d373004c7f3852bf515 (2026-08-21):
+#          slime/backends/megatron_utils/loss.py (`icepop_function`)
+# ρ_tok = exp(b − e) and ρ_seq = exp(Σ_seq (b − e)) are trainer over engine, all without gradient.
+# verl's rejection statistics run the other way: its k1 is −log ρ_tok = e − b (rollout over trainer).
+
+# verl's SAFETY_BOUND: every log ratio is clamped to ±20 before it is exponentiated (a token's for a
+# token weight, a sequence's sum for a sequence weight) or enters a rejection statistic (a token's).
+LOG_RATIO_BOUND = 20.0
+
+
+def bounded(log_ratio: torch.Tensor) -> torch.Tensor:
+    return torch.clamp(log_ratio, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+
+
+def rollout_k1(t: TokenTerms, b: torch.Tensor) -> torch.Tensor:
+    """`(N,)` verl's k1 statistic per token, −log ρ_tok = e − b with b − e first bounded to ±20."""
+    return -bounded(sg(b) - t.e)
+
+
+def in_ratio_band(log_stat: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """`(n,)` bool: log(low) ≤ log_stat ≤ log(high), verl's k1 band given as ratios (low 0: no lower
+    bound), compared in log space as verl compares it."""
+    return (log_stat >= (math.log(low) if low > 0 else -math.inf)) & (log_stat <= math.log(high))
 
 
 @register_correction("tis")
 def truncated_is(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
-    """sg(min(ρ_tok, C)) · A · ∇ℓ(y): token ratio against the engine, truncated at C (`clip_c`)."""
+    """sg(min(ρ_tok, C)) · A · ∇ℓ(y) (C: `clip_c`, 2), ρ_tok = exp(bounded(b − e)): the token ratio
+    against the engine, truncated at C. verl's Token-TIS (`RolloutCorrectionConfig.decoupled_token_is`:
+    `compute_rollout_correction_weights` with rollout_is "token", threshold 2), log ratio bounded to
+    ±20 as there. verl takes the ratio at θ_old (`old_log_prob`); at our one SGD step per batch b is
+    θ_old's log-prob."""
     b = token_logp(t)
-    rho = torch.exp(sg(b) - t.e)
+    rho = torch.exp(bounded(sg(b) - t.e))
     return weighted_pg(t, b, torch.clamp(rho, max=p.clip_c), clipped=rho > p.clip_c)
 
 
 @register_correction("seq_tis")
 def sequence_truncated_is(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
-    """sg(min(ρ_seq, C_seq)) · A · ∇ℓ(y) on every token of the sequence (C_seq: `seq_clip_c`)."""
+    """sg(min(ρ_seq, C_seq)) · A · ∇ℓ(y) on every token of the sequence (C_seq: `seq_clip_c`, 2),
+    ρ_seq = exp(bounded(Σ_seq (b − e))). verl's Seq-TIS (`decoupled_seq_is`: rollout_is "sequence",
+    threshold 2), the sequence's summed log ratio bounded to ±20 as there."""
     b = token_logp(t)
-    rho = torch.exp(per_sequence_sum(sg(b) - t.e, t))[t.seq]
+    rho = torch.exp(bounded(per_sequence_sum(sg(b) - t.e, t)))[t.seq]
     return weighted_pg(t, b, torch.clamp(rho, max=p.seq_clip_c), clipped=rho > p.seq_clip_c)
 
 
 @register_correction("seq_mis")
 def sequence_masked_is(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
-    """1[L ≤ ρ_seq ≤ C_seq] · ρ_seq · A · ∇ℓ(y) (L: `seq_mis_low`, C_seq: `seq_clip_c`), the mean
-    over the kept tokens: verl's Seq-MIS preset (`RolloutCorrectionConfig.decoupled_seq_is_rs`:
-    sequence IS truncated at 2 plus rejection of ρ_seq outside [0.5, 2] through the response mask,
-    so a rejected sequence leaves the token mean's denominator). The issue that asked for it had
-    no lower bound; verl's has one. L = 0, C_seq = ∞ is sequence-level IS."""
+    """1[L ≤ exp(Σ_seq k1) ≤ H] · min(ρ_seq, C_seq) · A · ∇ℓ(y), the mean over the kept tokens, with
+    k1 = e − b per token bounded to ±20 (`rollout_k1`), L = `seq_mis_low` 0.5, H = `seq_mis_high` 2,
+    C_seq = `seq_clip_c` 2 and ρ_seq as in `seq_tis`. verl's Seq-MIS preset
+    (`RolloutCorrectionConfig.decoupled_seq_is_rs`: rollout_is "sequence" at 2, rollout_rs
+    "seq_sum_k1" at "0.5_2.0"), in verl's orientation and units: the band bounds the rollout-over-
+    trainer ratio 1/ρ_seq, so a band written "L_H" in a verl config means the same here (kept:
+    ρ_seq in [1/H, 1/L]; the default band is its own reciprocal). A rejected sequence leaves the
+    token mean's denominator, as verl's response mask does. When every sequence is rejected verl's
+    token mean is 0/0 (NaN); ours is 0, no update (`kept_mean_pg`). L = 0, H = C_seq = ∞ is
+    sequence-level IS while |Σ_seq (b − e)| ≤ 20."""
     b = token_logp(t)
-    rho = torch.exp(per_sequence_sum(sg(b) - t.e, t))[t.seq]
-    return kept_mean_pg(t, b, rho, (rho > p.seq_clip_c) | (rho < p.seq_mis_low))
+    rho = torch.exp(bounded(per_sequence_sum(sg(b) - t.e, t)))[t.seq]
+    keep = in_ratio_band(per_sequence_sum(rollout_k1(t, b), t), p.seq_mis_low, p.seq_mis_high)[t.seq]
+    return kept_mean_pg(t, b, torch.clamp(rho, max=p.seq_clip_c), ~keep, clipped=rho > p.seq_clip_c)
 
 
 @register_correction("geo_rs")
 def geometric_rejection(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
-    """A · ∇ℓ(y) for a sequence whose geometric-mean ratio exp(mean_seq(b − e)) lies in
-    [`geo_low`, `geo_high`], the mean over the kept tokens; the others are rejected. verl's
-    Geo-RS preset (`decoupled_geo_rs`: `seq_mean_k1` at 0.999_1.001, no IS weight)."""
+    """1[L ≤ exp(mean_seq k1) ≤ H] · A · ∇ℓ(y), no IS weight, the mean over the kept tokens, with
+    k1 = e − b per token bounded to ±20 (`rollout_k1`), L = `geo_low` 0.999, H = `geo_high` 1.001.
+    verl's Geo-RS preset (`RolloutCorrectionConfig.decoupled_geo_rs`: rollout_is None, rollout_rs
+    "seq_mean_k1" at "0.999_1.001"), in verl's orientation: the band bounds the geometric mean of
+    the rollout-over-trainer ratio, so it keeps a sequence whose geometric-mean ρ lies in
+    [1/H, 1/L] = [1/1.001, 1/0.999], not [L, H]. A rejected sequence leaves the token mean's
+    denominator; when every sequence is rejected verl's token mean is 0/0 (NaN), ours is 0, no
+    update (`kept_mean_pg`)."""
     b = token_logp(t)
-    g = torch.exp(per_sequence_mean(sg(b) - t.e, t))[t.seq]
-    return kept_mean_pg(t, b, torch.ones_like(g), (g < p.geo_low) | (g > p.geo_high))
+    keep = in_ratio_band(per_sequence_mean(rollout_k1(t, b), t), p.geo_low, p.geo_high)[t.seq]
+    return kept_mean_pg(t, b, torch.ones_like(b), ~keep)
 
 
 @register_correction("icepop")
@@ -320,8 +372,13 @@ def icepop(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
     """IcePop (Ring-1T, arXiv 2510.18855, "IcePop: discard all noisy gradient updates"):
     M(k) · min(r·A, clip(r, 1 ± ε)·A) with k = π_train(θ_old)/π_infer = exp(old − e),
     M(k) = k on [α, β] (`icepop_low` 0.5, `icepop_high` 5, the paper's recipe) and 0 outside,
-    r = exp(b − old). A dropped token stays in the token mean's denominator (as slime's
-    `icepop_function`). At one SGD step per batch r = 1: 1[α ≤ ρ_tok ≤ β] · ρ_tok · A · ∇ℓ(y)."""
+    r = exp(b − old), ε = `ppo_eps`. Matches slime's `icepop_function` (k = exp(old − rollout), kept
+    on [tis_clip_low, tis_clip] inclusive, no bound on log k, multiplying the PPO loss): the same
+    orientation (trainer over engine) and units, so a band set in slime means the same here. A
+    dropped token stays in the token mean's denominator, as slime's per-rollout denominators keep
+    it. Deliberate difference: slime's own defaults are [0, 2] (its `--tis-clip-low`, `--tis-clip`);
+    ours are the paper's [0.5, 5]. At one SGD step per batch r = 1:
+    1[α ≤ ρ_tok ≤ β] · ρ_tok · A · ∇ℓ(y)."""
     b = token_logp(t)
     k = torch.exp(t.old - t.e)
     drop = (k < p.icepop_low) | (k > p.icepop_high)
@@ -332,15 +389,22 @@ def icepop(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
 
 @register_correction("decoupled_ppo")
 def decoupled_ppo(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
-    """AReaL's decoupled PPO (areal/utils/functional `ppo_actor_loss_fn`): the behaviour policy
+    """AReaL's decoupled PPO (`ppo_actor_loss_fn` with `use_decoupled_loss`): the behaviour policy
     is the engine (e); the proximal policy is the trainer recomputed at the current parameters
     before this batch's SGD steps (`old`), as AReaL's default `prox_logp_method="recompute"` does,
-    not θ_s as the issue that asked for it read it. Loss: π_prox/π_behav · min(u·A, clip(u, 1 ± ε)·A),
-    u = exp(b − old), ε = `ppo_eps`; a token whose weight exp(old − e) exceeds `behav_weight_cap`
-    (5, AReaL's `behave_imp_weight_cap` token mask) is dropped and stays in the token mean's
-    denominator. At one SGD step per batch u = 1: the engine-ratio IS with the cap as a mask."""
+    not θ_s as the issue that asked for it read it. Loss: w · min(u·A, clip(u, 1 ± ε)·A),
+    u = exp(b − old), ε = `ppo_eps`, w = π_prox/π_behav = exp(old − e), with AReaL's
+    `rejection_sampling` {level: token, action: mask, metric: ratio, lower: `behav_weight_low`,
+    upper: `behav_weight_cap`} (`apply_rejection_sampling`): a token whose w lies outside
+    [lower, upper] (inclusive bounds, no bound on log w) is dropped and stays in the token mean's
+    denominator (AReaL divides by the loss mask's count before rejection). The same orientation
+    and units as AReaL's metric "ratio", so its bounds mean the same here; lower 0 is AReaL's
+    `lower: null`. Our default upper 5 is the old `behave_imp_weight_cap` default that AReaL's
+    migration note maps to this setting; AReaL's current default is no rejection
+    (`rejection_sampling: null`). The other settings (sequence level, clamp, k1–k3 metrics) are
+    not offered. At one SGD step per batch u = 1: the engine-ratio IS with the band as a mask."""
     behav = torch.exp(t.old - t.e)
-    drop = behav > p.behav_weight_cap
+    drop = (behav > p.behav_weight_cap) | (behav < p.behav_weight_low)
     behav = torch.where(drop, torch.zeros_like(behav), behav)
     surrogate, ratio, off = ppo_surrogate(t, token_logp(t), p.ppo_eps)
     return CorrectionLoss(-(behav * surrogate).mean(), TokenWeights(behav * ratio * ~off, clipped=off, masked=drop))

@@ -22,7 +22,7 @@ from dlcrepro.corrections import (
 )
 from test_corrections import P, Z0, Z_T, REWARD, expected_grad, grad_of, seq_expected, terms
 
-INF = dict(seq_clip_c=math.inf, seq_mis_low=0.0, clip_c=math.inf, icepop_low=0.0, icepop_high=math.inf,
+INF = dict(seq_clip_c=math.inf, seq_mis_low=0.0, seq_mis_high=math.inf, clip_c=math.inf, icepop_low=0.0, icepop_high=math.inf,
            behav_weight_cap=math.inf, geo_low=0.0, geo_high=math.inf)
 
 # ----------------------------------------------------------------------------- one registry of names

@@ -136,9 +136,10 @@ def test_micro_batched_step_gives_the_full_batch_numbers(tiny_model_dir, smoke_c
     s = tr.score(rollout, idx)
     assert s.tb.num_seqs == 16 and len(s.tb.chunks(5)) == 4
     e = rollout.engine_logp
-    # seq_mis's band cut at the batch's median sequence ratio: some sequences dropped, some kept
+    # seq_mis's band (on π_engine/π_train, verl's orientation) cut at the batch's median: some
+    # sequences dropped, some kept
     log_rho = torch.zeros(s.tb.num_seqs).index_add_(0, s.tb.seq, tr.log_probs(s, synced=False).b - e)
-    tr.cparams = dataclasses.replace(tr.cparams, seq_mis_low=0.0, seq_clip_c=float(log_rho.median().exp()) * (1 + 1e-6))
+    tr.cparams = dataclasses.replace(tr.cparams, seq_mis_low=0.0, seq_mis_high=float((-log_rho).median().exp()) * (1 + 1e-6))
     results = {}
     for mb in (1024, 5):
         tr.tcfg.micro_batch = mb
