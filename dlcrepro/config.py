@@ -234,9 +234,13 @@ class TrainConfig:
     behav_weight_low: float = field(default=0.0, metadata=allowed(ge=0))
     """decoupled_ppo drops a token whose behaviour weight is below this (AReaL's rejection_sampling
     lower; 0: none, AReaL's null)."""
+    gspo_clip_low: float = field(default=3e-4, metadata=allowed(gt=0, lt=1))
+    """gspo clips the sequence ratio below 1 − this (the GSPO paper's and verl's examples: 3e-4)."""
+    gspo_clip_high: float = field(default=4e-4, metadata=allowed(gt=0))
+    """gspo clips the sequence ratio above 1 + this (the GSPO paper's and verl's examples: 4e-4)."""
     updates_per_batch: int = field(default=1, metadata=allowed(ge=1))
     """SGD steps per batch of the corrections that take several and do not fix their own count in
-    the registry (ppo, icepop, decoupled_ppo; ppo_multi takes 4)."""
+    the registry (ppo, icepop, decoupled_ppo; ppo_multi and gspo take 4)."""
     probe_every: int = field(default=1, metadata=allowed(ge=1))
     """draw the two on-policy probe batches every this many steps (dev, floor, off_support)."""
     eval_every: int = field(default=10, metadata=allowed(ge=1))

@@ -81,14 +81,15 @@ class TokenWeights:
 class CorrectionLoss:
     """A correction's surrogate loss on a micro-batch and what it did to each token.
 
-    `kept`: the number of tokens the loss is a mean over, where that is not all N of them (a
-    rejection that renormalizes by the tokens it keeps, as verl's does); the trainer then weights
-    each micro-batch by its kept tokens, so that a batch in several micro-batches has the
+    `mean_over`: how many terms the loss is a mean over, where that is not the micro-batch's N
+    tokens: the tokens a rejection keeps (it renormalizes by them, as verl's response mask does),
+    or the sequences of a sequence mean (GSPO's mean over sequences of token means). The trainer
+    then weights each micro-batch by its count, so that a batch in several micro-batches has the
     one-batch gradient."""
 
     loss: torch.Tensor
     weights: TokenWeights
-    kept: int | None = None
+    mean_over: int | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,8 @@ class CorrectionParams:
     icepop_high: float = 5.0
     behav_weight_cap: float = 5.0
     behav_weight_low: float = 0.0
+    gspo_clip_low: float = 3e-4
+    gspo_clip_high: float = 4e-4
 
     @classmethod
     def from_train(cls, tcfg) -> "CorrectionParams":
@@ -196,16 +199,22 @@ def kept_mean_pg(t: TokenTerms, b: torch.Tensor, weight: torch.Tensor, drop: tor
     weight = sg(torch.where(drop, torch.zeros_like(weight), weight))
     kept = int((~drop).sum())
     clipped = clipped & ~drop if clipped is not None else None
-    return CorrectionLoss(-(weight * t.adv * b).sum() / max(kept, 1), TokenWeights(weight, clipped, drop), kept=kept)
+    return CorrectionLoss(-(weight * t.adv * b).sum() / max(kept, 1), TokenWeights(weight, clipped, drop), mean_over=kept)
+
+
+def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, low: float, high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(N,)` the clipped surrogate min(r·A, clip(r, 1 − low, 1 + high)·A), and where the clipped
+    side is the minimum (no gradient there)."""
+    clipped = torch.clamp(ratio, 1 - low, 1 + high)
+    return torch.minimum(ratio * adv, clipped * adv), sg(clipped * adv < ratio * adv)
 
 
 def ppo_surrogate(t: TokenTerms, b: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`(N,)` PPO's clipped surrogate min(r·A, clip(r, 1 ± ε)·A), r = π(θ)/π(θ_old) = exp(b − old);
     the ratio (no gradient); and where the clipped side is the minimum (that token has no gradient)."""
     ratio = torch.exp(b - t.old)
-    clipped = torch.clamp(ratio, 1 - eps, 1 + eps)
-    surrogate = torch.minimum(ratio * t.adv, clipped * t.adv)
-    return surrogate, sg(ratio), sg(clipped * t.adv < ratio * t.adv)
+    surrogate, off = clipped_surrogate(ratio, t.adv, eps, eps)
+    return surrogate, sg(ratio), off
 
 
 def ones(t: TokenTerms) -> TokenWeights:
@@ -283,7 +292,7 @@ def is_resync(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
 # Each follows its peer's code, read at these commits (the docstrings say where and how ours differs):
 #   verl   volcengine/verl@b178a3cd56f58b2d502255daba591e92833930a7 (2026-01-29):
 #          verl/trainer/ppo/rollout_corr_helper.py, verl/trainer/config/algorithm.py (the presets),
-#          verl/trainer/ppo/core_algos.py (`compute_policy_loss_vanilla`)
+#          verl/trainer/ppo/core_algos.py (`compute_policy_loss_vanilla`, `compute_policy_loss_gspo`)
 #   AReaL  inclusionAI/AReaL@4aef98d8d818af55b43621aaadba047ae10f4e77 (2026-05-21):
 #          areal/utils/functional/functional.py (`apply_rejection_sampling`, `ppo_actor_loss_fn`),
 #          areal/api/cli_args.py (`RejectionSamplingConfig`)
@@ -408,6 +417,37 @@ def decoupled_ppo(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
     behav = torch.where(drop, torch.zeros_like(behav), behav)
     surrogate, ratio, off = ppo_surrogate(t, token_logp(t), p.ppo_eps)
     return CorrectionLoss(-(behav * surrogate).mean(), TokenWeights(behav * ratio * ~off, clipped=off, masked=drop))
+
+
+# verl's bound on GSPO's log ratio (`compute_policy_loss_gspo`: clamp(max=10) "for numerical stability")
+GSPO_LOG_RATIO_CAP = 10.0
+
+
+@register_correction("gspo")
+def gspo(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
+    """GSPO (Zheng et al., arXiv 2507.18071), token-level gradient as verl's `compute_policy_loss_gspo`:
+    with the length-normalised sequence ratio s_i = exp(mean_{t∈i} (b − old)) against θ_old (the
+    trainer before this batch), each token's ratio is s_i,t = sg(s_i) · π(y_t)/sg(π(y_t)) (the
+    value s_i, the gradient s_i·∇ℓ(y_t)), its log capped at 10 (as verl), clipped at
+    [1 − `gspo_clip_low`, 1 + `gspo_clip_high`] (3e-4, 4e-4: the paper's Sec. 5.1, verl's GSPO
+    examples), and the loss is a sequence mean of token means ("seq-mean-token-mean", which verl
+    forces for GSPO):
+        L = −(1/B) Σ_i (1/|y_i|) Σ_t min(s_i,t·A_i, clip(s_i,t)·A_i).
+    Per token the gradient is A_i · s_i · ∇ℓ(y_t) / (B·|y_i|), 0 where the clip binds (a whole
+    sequence at once: A > 0 and s_i > 1 + high, or A < 0 and s_i < 1 − low). It takes 4 SGD steps
+    per batch (the registry's `updates_per_batch`: the paper's 4 mini-batches, verl's examples keep
+    them), each on the whole batch here, as `ppo_multi`; at the first s_i = 1 and the term is a
+    length-normalised `pg`, A_i·∇ℓ(y_t)/(B·|y_i|), so even on-policy its gradient differs from
+    `pg`'s token mean by that weighting. θ_old is the trainer, as verl's decoupled mode; in verl's
+    bypass mode (and the paper's suggestion of using the engine's likelihoods) π_old would be the
+    engine, which this cell does not do. Its weight diagnostic is s_i (0 where clipped); the
+    1/(B·|y_i|) is the aggregation, not the weight."""
+    b = token_logp(t)
+    log_s = per_sequence_mean(sg(b) - t.old, t)[t.seq]
+    s = torch.exp(torch.clamp(log_s + b - sg(b), max=GSPO_LOG_RATIO_CAP))
+    surrogate, off = clipped_surrogate(s, t.adv, p.gspo_clip_low, p.gspo_clip_high)
+    loss = -per_sequence_mean(surrogate, t).mean()
+    return CorrectionLoss(loss, TokenWeights(sg(s) * ~off, clipped=off), mean_over=t.num_seqs)
 
 
 @register_correction("center_tis")

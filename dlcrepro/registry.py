@@ -75,6 +75,8 @@ CORRECTION_INFO: dict[str, CorrectionInfo] = _infos(
     CorrectionInfo("decoupled_ppo", "1[exp(old − e) ≤ cap]·exp(old − e)·PPO clip of π_θ/π_old", multi_update=True,
                    family="PPO with a token mask"),
     CorrectionInfo("center_tis", "A·[w(y)∇ℓ(y) − Σ_v q(v)w(v)∇ℓ(v)], w = min(π/q, C)", needs_q=True, family="centred"),
+    CorrectionInfo("gspo", "clip of s_i = exp(mean_seq(b − old))·A·∇ℓ(y)/|y_i|, sequence mean; 4 SGD steps per batch",
+                   multi_update=True, updates_per_batch=4, needs_sequences=True, family="several SGD steps per batch"),
 )
 
 

@@ -208,10 +208,10 @@ class Learner:
     def correction_grad(self, s: Scored, rollout: Rollout, e: torch.Tensor, lp: "BatchLogProbs", synced: bool,
                         kept: "KeptLogits | None") -> tuple[torch.Tensor, dict[str, float]]:
         """The correction's update direction (the gradient of its token-mean loss, summed over
-        micro-batches, each chunk's loss weighted by its share of the batch's tokens) and its
-        diagnostics over the batch (`corrections.weight_diagnostics`). θ_old is `lp.b`, the
-        trainer before this batch."""
-        n, g, weights, kept_tokens = s.tb.tokens.numel(), None, [], 0
+        micro-batches, each chunk's loss weighted by its share of the batch's tokens, or of the
+        terms its mean is over: `CorrectionLoss.mean_over`) and its diagnostics over the batch
+        (`corrections.weight_diagnostics`). θ_old is `lp.b`, the trainer before this batch."""
+        n, g, weights, terms_total = s.tb.tokens.numel(), None, [], 0
         for sub, sl in self.micro_batches(s.tb):
             if kept is not None:
                 logits_t, logp_s = kept.logits_t, kept.logp_s
@@ -225,13 +225,13 @@ class Learner:
             terms = TokenTerms(logits=logits_t, tokens=sub.tokens, adv=s.adv_tok[sl], e=e[sl], a=lp.a[sl], old=lp.b[sl],
                                q=q, logp_s=logp_s, seq=sub.seq, num_seqs=sub.num_seqs)
             out = self.correction.fn(terms, self.cparams)
-            share = sub.tokens.numel() if out.kept is None else out.kept  # the tokens its mean is over
+            share = sub.tokens.numel() if out.mean_over is None else out.mean_over  # the terms its mean is over
             gi = flat_grad(out.loss * (share / n), self.params)
             g = gi if g is None else g.add_(gi)
             weights.append(out.weights)
-            kept_tokens += share
-        if kept_tokens != n:  # a mean over the kept tokens only: Σ_chunks (chunk sum) / (all kept)
-            g.mul_(n / max(kept_tokens, 1))
+            terms_total += share
+        if terms_total != n:  # a mean over other terms (kept tokens, sequences): Σ_chunks (chunk sum) / (all terms)
+            g.mul_(n / max(terms_total, 1))
         return g, weight_diagnostics(concat_weights(weights), s.tb.seq, s.tb.num_seqs)
 
     def _apply(self, g: torch.Tensor) -> None:

@@ -350,11 +350,11 @@ def test_an_overlay_stands_on_its_own_through_its_base(tmp_path, monkeypatch):
     assert alone == layered and "base" not in alone
     cfg = load(ROOT / "configs" / "zoo.yaml")
     tiny = load(ROOT / "configs" / "tiny.yaml")
-    assert len(cfg.grid.corrections) == 15 and cfg.train == tiny.train and cfg.tables_dir == "paper_tables/zoo"
+    assert len(cfg.grid.corrections) == 16 and cfg.train == tiny.train and cfg.tables_dir == "paper_tables/zoo"
     assert load(ROOT / "configs" / "replicate.yaml").grid.seeds == [0, 1, 2, 3, 4, 5]
     # two overlays: merged first, the base laid under them once (as the Snakefile does)
     both = read_layers(["configs/zoo.yaml", "configs/replicate.yaml"])
-    assert len(both["grid"]["corrections"]) == 15 and both["grid"]["seeds"] == [0, 1, 2, 3, 4, 5]
+    assert len(both["grid"]["corrections"]) == 16 and both["grid"]["seeds"] == [0, 1, 2, 3, 4, 5]
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a.yaml").write_text("base: b.yaml\n")
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")

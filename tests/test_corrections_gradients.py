@@ -148,6 +148,13 @@ def masked_ppo(r: Raw, p, low, high):
     return r.token_mean(w * ((w >= low) & (w <= high)) * ratio * r.unclipped(ratio, p.ppo_eps, p.ppo_eps))
 
 
+def gspo(r: Raw, p):
+    log_s = r.seq_sum(r.b - r.old) / r.length
+    s = torch.exp(log_s.clamp(max=10))
+    live = r.unclipped(s, p.gspo_clip_low, p.gspo_clip_high) & (log_s <= 10)  # the cap on log s has no gradient
+    return -(r.adv * s * live / (r.num_seqs * r.length))[:, None] * r.score
+
+
 def centred(r: Raw, w_y, q_tilde):
     """The gradient of −(1/N) Σ_t w_y · A · c(y), c(y) = ∇ℓ(y) − Σ_v q̃(v) ∇ℓ(v), summed entry by entry."""
     c = r.score.clone()
@@ -188,7 +195,7 @@ REFERENCE = {
     "dlc": dlc, "is_resync": importance_sampling, "tis": tis, "seq_tis": seq_tis, "seq_mis": seq_mis, "geo_rs": geo_rs,
     "icepop": lambda r, p: masked_ppo(r, p, p.icepop_low, p.icepop_high),
     "decoupled_ppo": lambda r, p: masked_ppo(r, p, p.behav_weight_low, p.behav_weight_cap),
-    "center_tis": center_tis,
+    "center_tis": center_tis, "gspo": gspo,
 }
 
 
@@ -216,7 +223,8 @@ def test_the_gradient_is_the_formula_on_a_random_batch(name):
     """θ has moved since θ_old (PPO-style corrections see r ≠ 1) and the engine and θ_s differ from θ."""
     gen = torch.Generator().manual_seed(7)
     t = batch(old_gap=0.3 * torch.randn(sum(LENGTHS), generator=gen), seed=1)
-    wide = dataclasses.replace(P, geo_low=0.5, geo_high=2.0)  # Geo-RS's 0.1 % band would reject every random sequence
+    # Geo-RS's 0.1 % band and GSPO's 3e-4/4e-4 clip would leave no random sequence a gradient
+    wide = dataclasses.replace(P, geo_low=0.5, geo_high=2.0, gspo_clip_low=0.2, gspo_clip_high=0.2)
     assert live(check(name, t, wide)).any()
 
 
@@ -251,7 +259,7 @@ def kept_sequences(name, t, p=P):
     out = get_correction(name).fn(t, p)
     kept = [bool(live(g)[t.seq == i].any()) for i in range(t.num_seqs)]
     assert kept == [not bool(out.weights.masked[t.seq == i].all()) for i in range(t.num_seqs)]
-    assert out.kept == sum(n for n, k in zip(LENGTHS, kept) if k)
+    assert out.mean_over == sum(n for n, k in zip(LENGTHS, kept) if k)
     return kept
 
 
@@ -307,7 +315,7 @@ def test_every_sequence_rejected_is_no_update_where_verls_mean_is_0_over_0():
     for name in ("geo_rs", "seq_mis"):
         p = dataclasses.replace(P, seq_mis_low=0.99, seq_mis_high=1.01)
         out = get_correction(name).fn(t, p)
-        assert out.kept == 0 and float(out.loss.detach()) == 0.0 and not live(check(name, t, p)).any()
+        assert out.mean_over == 0 and float(out.loss.detach()) == 0.0 and not live(check(name, t, p)).any()
 
 
 # ----------------------------------------------------------------------------- PPO and its token masks
@@ -347,6 +355,26 @@ def test_decoupled_ppo_masks_the_behaviour_weight_outside_areals_bounds():
     g = check("decoupled_ppo", t, dataclasses.replace(P, behav_weight_low=0.5))
     assert live(g).tolist() == [True, False, False, False, True, False, True, True, False, True]
     assert live(check("decoupled_ppo", t))[3]  # no lower bound by default (AReaL's lower: null)
+
+
+def test_gspo_clips_the_length_normalised_sequence_ratio_at_3e_4_and_4e_4():
+    """s_i either side of 1 + 4e-4 (A > 0: sequences 0, 2) and 1 − 3e-4 (A < 0: sequences 1, 3);
+    a clip that binds drops the whole sequence."""
+    s = [math.log(1 + 3.9e-4), math.log(1 - 3.1e-4), math.log(1 + 4.1e-4), math.log(1 - 2.9e-4)]
+    t = batch(old_gap=per_token(s, LENGTHS) + torch.tensor([1e-5, -1e-5, 0, 0, 0, 0, 0, 0, 2e-5, -2e-5]))
+    g = check("gspo", t)
+    assert [bool(live(g)[t.seq == i].all()) for i in range(4)] == [True, False, False, True]
+    assert not live(g)[(t.seq == 1) | (t.seq == 2)].any()
+
+
+def test_gspo_caps_the_log_ratio_at_10_and_weights_each_token_by_its_sequence_length():
+    # A < 0 and s large: never clipped; log s = 9 keeps its gradient, 11 is capped (no gradient)
+    t = batch(old_gap=per_token([0.0, 11.0, 9.0, 0.0], LENGTHS), adv=(1.0, -1.0, -1.0, 0.5))
+    g = check("gspo", t)
+    assert live(g)[t.seq == 2].all() and not live(g)[t.seq == 1].any()
+    # at θ = θ_old: s = 1, a token's term is A·∇ℓ(y)/(B·|y_i|), a sequence mean of token means
+    t = batch()
+    assert torch.allclose(grad("gspo", t), REFERENCE["pg"](Raw(t), P) * 10 / (4 * Raw(t).length[:, None]), atol=1e-7)
 
 
 # ----------------------------------------------------------------------------- centring, per vocabulary entry

@@ -96,12 +96,12 @@ def test_seq_mis_drops_a_sequence_outside_its_band_and_averages_over_the_kept_to
     out = get_correction("seq_mis").fn(t, P)
     (g,) = torch.autograd.grad(out.loss, t.logits)
     rho = 0.78125
-    assert out.kept == 2
+    assert out.mean_over == 2
     assert torch.allclose(g[:2], -rho / 2 * STEP.expand(2, -1)) and torch.equal(g[2:], torch.zeros(2, 2))
     # below the lower bound (ρ = .5/.9 · .5/.9 = .31 < .5): dropped too
     t = terms(z[:2], z[:2], engine(0.9, 0.9), [0, 0], [1.0, 1.0], seq=[0, 0])
     out = get_correction("seq_mis").fn(t, P)
-    assert out.kept == 0 and torch.equal(torch.autograd.grad(out.loss, t.logits)[0], torch.zeros(2, 2))
+    assert out.mean_over == 0 and torch.equal(torch.autograd.grad(out.loss, t.logits)[0], torch.zeros(2, 2))
     d = weight_diagnostics(out.weights, t.seq, t.num_seqs)
     assert d["corr_masked_share"] == 1.0 and d["corr_masked_seq_share"] == 1.0
 
@@ -112,7 +112,7 @@ def test_geo_rs_keeps_a_sequence_only_within_a_tenth_of_a_percent():
     t = terms(z, z, engine(0.5, 0.5, 0.4, 0.4), [0, 0, 0, 0], [1.0] * 4, seq=[0, 0, 1, 1])
     out = get_correction("geo_rs").fn(t, P)
     (g,) = torch.autograd.grad(out.loss, t.logits)
-    assert out.kept == 2 and torch.allclose(g[:2], -0.5 * STEP.expand(2, -1)) and torch.equal(g[2:], torch.zeros(2, 2))
+    assert out.mean_over == 2 and torch.allclose(g[:2], -0.5 * STEP.expand(2, -1)) and torch.equal(g[2:], torch.zeros(2, 2))
     d = weight_diagnostics(out.weights, t.seq, t.num_seqs)
     assert d["corr_masked_share"] == 0.5 and d["corr_masked_seq_share"] == 0.5 and d["corr_weight_max"] == 1.0
 

@@ -35,18 +35,19 @@ def test_which_cells_are_another_cells_run():
         assert m[s] == {**{c: c for c in CORRECTIONS}, "ppo": "pg", "dlc": "is_center", "is_resync": "is"}
     for s in ("stale", "fp8_stale"):  # lagged: only PPO's single update makes it pg
         assert m[s] == {**{c: c for c in CORRECTIONS}, "ppo": "pg"}
-    # several updates per batch: θ moves, the PPO ratio leaves 1; ppo_multi takes its own 4
+    # several updates per batch: θ moves, the PPO ratio leaves 1; ppo_multi and gspo take their own 4
     assert same_as_map(TrainConfig(updates_per_batch=2))["stale"]["ppo"] == "ppo"
-    assert m["bf16"]["ppo_multi"] == "ppo_multi" and m["stale"]["ppo_multi"] == "ppo_multi"
+    assert m["bf16"]["ppo_multi"] == "ppo_multi" and m["stale"]["ppo_multi"] == "ppo_multi" and m["bf16"]["gspo"] == "gspo"
     # a clip below 1 clips the lag ratio of 1: dlc would down-weight every token
     assert same_as_map(TrainConfig(clip_c=0.5))["fp8"]["dlc"] == "dlc"
     why = computed_as("fp8", "dlc", TrainConfig())[1]
-    # a correction's SGD steps per batch: ppo train.updates_per_batch, ppo_multi its own, pg one
+    # a correction's SGD steps per batch: ppo train.updates_per_batch, ppo_multi and gspo their own, pg one
     from dlcrepro.registry import updates_per_batch
 
     for train in (TrainConfig(), TrainConfig(updates_per_batch=3)):
         assert updates_per_batch("ppo", train) == updates_per_batch("icepop", train) == train.updates_per_batch
-        assert updates_per_batch("ppo_multi", train) == 4 and updates_per_batch("pg", train) == 1
+        assert updates_per_batch("ppo_multi", train) == updates_per_batch("gspo", train) == 4
+        assert updates_per_batch("pg", train) == updates_per_batch("geo_rs", train) == 1
     assert "θ_s = θ_t" in why
 
 

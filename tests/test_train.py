@@ -116,7 +116,8 @@ def test_micro_batched_step_gives_the_full_batch_numbers(tiny_model_dir, smoke_c
     """Chunking a batch into micro-batches (the GPU memory plan) changes no number: log-probs,
     sampler KL, the correction's direction (stale sampler, θ_s ≠ θ_t) and the probe gradient; and
     a rejection that averages over its kept tokens (seq_mis, here dropping about half the
-    sequences) gives the gradient of its own loss on the whole batch."""
+    sequences) and a mean over sequences (gspo) give the gradient of their own loss on the whole
+    batch."""
     import dataclasses
 
     import torch
@@ -149,19 +150,22 @@ def test_micro_batched_step_gives_the_full_batch_numbers(tiny_model_dir, smoke_c
         # a sequence-level correction too: each micro-batch holds whole sequences
         tr.correction = get_correction("seq_mis")
         g_seq, diag_seq = tr.correction_grad(s, rollout, e, lp, False, None)
+        tr.correction = get_correction("gspo")
+        g_gspo, _ = tr.correction_grad(s, rollout, e, lp, False, None)
         tr.correction = get_correction("dlc")
         results[mb] = (lp.a, lp.b, lp.kl_sampler, g_dlc, g_seq, tr.pg_grad(s), tr.token_logp(tr.initial_model, s.tb),
-                       *diag_dlc.values(), *diag_seq.values())
+                       g_gspo, *diag_dlc.values(), *diag_seq.values())
     full, chunked = results[1024], results[5]
     assert (full[0] - full[1]).abs().max() > 0  # the lag is real
     assert 0 < diag_seq["corr_masked_seq_share"] < 1
-    # the kept-token mean's gradient, straight from the loss on the whole batch
-    logits = tr.logits(tr.policy, s.tb)
-    terms = TokenTerms(logits=logits, tokens=s.tb.tokens, adv=s.adv_tok, e=e, a=lp.a, old=lp.b, q=None,
-                       logp_s=tr.sampler_logp(s.tb, False, None), seq=s.tb.seq, num_seqs=s.tb.num_seqs)
-    reference = flat_grad(get_correction("seq_mis").fn(terms, tr.cparams).loss, tr.params)
-    for g in (full[4], chunked[4]):
-        assert torch.allclose(g, reference, rtol=1e-4, atol=1e-6), (g - reference).abs().max()
+    # the kept-token mean's and the sequence mean's gradients, straight from the loss on the whole batch
+    for name, i in (("seq_mis", 4), ("gspo", 7)):
+        logits = tr.logits(tr.policy, s.tb)
+        terms = TokenTerms(logits=logits, tokens=s.tb.tokens, adv=s.adv_tok, e=e, a=lp.a, old=lp.b, q=None,
+                           logp_s=tr.sampler_logp(s.tb, False, None), seq=s.tb.seq, num_seqs=s.tb.num_seqs)
+        reference = flat_grad(get_correction(name).fn(terms, tr.cparams).loss, tr.params)
+        for g in (full[i], chunked[i]):
+            assert torch.allclose(g, reference, rtol=1e-4, atol=1e-6), (name, (g - reference).abs().max())
     for x, y in zip(full, chunked):
         if isinstance(x, float):
             assert abs(x - y) < 1e-6 * max(1.0, abs(x))

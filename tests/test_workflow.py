@@ -40,7 +40,7 @@ def test_the_zoo_overlay_stands_on_its_own(files, tmp_path):
                   f"results_dir={tmp_path / 'results'}", f"artifacts={tmp_path / 'artifacts'}")  # not the checkout's runs
     assert p.returncode == 0, p.stderr[-2000:]
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
-    assert jobs["train"] == "180" and jobs["warmstart"] == "1"  # 15 corrections x 4 samplers x 3 seeds
+    assert jobs["train"] == "192" and jobs["warmstart"] == "1"  # 16 corrections x 4 samplers x 3 seeds
 
 
 def bad_config(tmp_path, edit):
