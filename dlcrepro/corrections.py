@@ -222,31 +222,37 @@ def ones(t: TokenTerms) -> TokenWeights:
 
 
 # ----------------------------------------------------------------------------- the registry
-# The paper's corrections and controls.
+# The paper's corrections and controls (arXiv:2610.40945, /work/shared/PAPER.md and SPEC.md): no peer
+# code; each is the paper's formula, untruncated where the paper does not truncate (no ±20 bound).
 
 
 @register_correction("pg")
 def pg(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
-    """A · ∇ℓ(y): plain policy gradient, as if the engine's samples were on-policy."""
+    """A · ∇ℓ(y): plain policy gradient, as if the engine's samples were on-policy. The paper's; no
+    peer code."""
     return weighted_pg(t, token_logp(t), torch.ones_like(t.adv))
 
 
 @register_correction("center")
 def center(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
-    """A · c(y), q̃ = q: per-prefix score centring under the engine's own distribution."""
+    """A · c(y), q̃ = q: per-prefix score centring under the engine's own distribution. The paper's;
+    no peer code (torchtitan's `ScoreCenteringLoss` with max_ratio None is the same term, its tail
+    modelled as `center_tis` says)."""
     return CorrectionLoss(-(t.adv * centred_score_surrogate(t.logits, t.tokens, t.q)).mean(), ones(t))
 
 
 @register_correction("is")
 def importance_sampling(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
-    """sg(exp(b − e)) · A · ∇ℓ(y): untruncated token ratio against the engine."""
+    """sg(exp(b − e)) · A · ∇ℓ(y): untruncated token ratio against the engine. The paper's; no peer
+    code (verl's Token-IS is `tis`, truncated)."""
     b = token_logp(t)
     return weighted_pg(t, b, torch.exp(sg(b) - t.e))
 
 
 @register_correction("is_center")
 def is_center(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
-    """sg(exp(b − a)) · A · c(y), q̃ ∝ q · exp(λ_v): untruncated lag ratio with centring."""
+    """sg(exp(b − a)) · A · c(y), q̃ ∝ q · exp(λ_v): untruncated lag ratio with centring. The
+    paper's; no peer code."""
     lam = lag_all(t)
     w = torch.exp(lam.gather(-1, t.tokens[:, None]).squeeze(-1))
     loss = -(w * t.adv * centred_score_surrogate(t.logits, t.tokens, reweighted(t.q, torch.exp(lam)))).mean()
@@ -274,7 +280,8 @@ def ppo(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
 
 @register_correction("dlc")
 def dlc(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
-    """sg(min(exp(b − a), C)) · A · c(y), q̃ ∝ q · min(exp(λ_v), C); plus resync."""
+    """sg(min(exp(b − a), C)) · A · c(y), q̃ ∝ q · min(exp(λ_v), C); plus resync. The paper's
+    (DLC); no peer code."""
     ratio = torch.exp(lag_all(t))
     clipped = torch.clamp(ratio, max=p.clip_c)
     w = clipped.gather(-1, t.tokens[:, None]).squeeze(-1)
@@ -284,7 +291,7 @@ def dlc(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
 
 @register_correction("is_resync")
 def is_resync(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
-    """`is` plus the same resynchronization rule as DLC."""
+    """`is` plus the same resynchronization rule as DLC. The paper's control; no peer code."""
     return importance_sampling(t, p)
 
 
@@ -450,6 +457,10 @@ def gspo(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
     return CorrectionLoss(loss, TokenWeights(sg(s) * ~off, clipped=off), mean_over=t.num_seqs)
 
 
+# torchtitan's bound on a token's log ratio before its weight (`_MAX_LOG_RATIO` in torchtitan/rl/losses/dapo.py)
+CENTER_TIS_LOG_RATIO_BOUND = 10.0
+
+
 @register_correction("center_tis")
 def center_tis(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
     """Score centring with truncated IS (SC+TIS, "Score centering stabilizes off-policy RL",
@@ -458,19 +469,28 @@ def center_tis(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
         A · [w(y) ∇ℓ(y) − Σ_v q(v) w(v) ∇ℓ(v)],
     the truncated-IS score minus its exact expectation under the engine at the prefix: a
     control variate, zero-mean per prefix. In logit space its direction is
-    w(y)·onehot(y) − m − (w(y) − Σ m)·π with m = q·w. The issue that asked for it read it as
+    w(y)·onehot(y) − m − (w(y) − Σ m)·π with m = q·w. The sampled token's w(y) has its log ratio
+    bounded to ±10 first, as torchtitan bounds it (`_MAX_LOG_RATIO` of its DAPO loss); the
+    expectation's m = min(π, C·q) is not bounded, as there. The issue that asked for it read it as
     `center` with q̃ ∝ q·min(exp(λ), C) times min(ρ_tok, C); this follows the publication. Its
     tail outside the engine's top-k is spread like θ_s (`engine_distribution`), where the
-    publication lumps the tail into one term: the same where k covers the vocabulary."""
+    publication lumps the tail into one term (q outside the top-k modelled as π rescaled to the
+    engine's tail mass): the same where k covers the vocabulary, as on the tiny model.
+
+    Peer read: felipemello1/torchtitan@55d886f68746d64c494f2cab6d21531d33ed5941,
+    torchtitan/rl/losses/score_centering.py (not in pytorch/torchtitan at b5bcd76). Its w(y) reads
+    the engine's log-prob of the token (e); ours reads q(y) from the top-k distribution, the same
+    number where k covers the vocabulary."""
     logp = t.logp()
     pi = torch.exp(sg(logp))
     w_all = torch.clamp(pi / t.q.clamp_min(1e-30), max=p.clip_c)
     m = t.q * w_all
-    w = w_all.gather(-1, t.tokens[:, None]).squeeze(-1)
+    ratio = (pi / t.q.clamp_min(1e-30)).gather(-1, t.tokens[:, None]).squeeze(-1)  # the weight before truncation
+    bound = math.exp(CENTER_TIS_LOG_RATIO_BOUND)
+    w = torch.clamp(torch.clamp(ratio, 1 / bound, bound), max=p.clip_c)
     onehot = torch.nn.functional.one_hot(t.tokens, t.logits.shape[-1]).to(pi.dtype)
     direction = w[:, None] * onehot - m - (w - m.sum(-1))[:, None] * pi
     loss = -(t.adv * (sg(direction) * t.logits.float()).sum(-1)).mean()
-    ratio = (pi / t.q.clamp_min(1e-30)).gather(-1, t.tokens[:, None]).squeeze(-1)  # the weight before truncation
     return CorrectionLoss(loss, TokenWeights(w, clipped=ratio > p.clip_c))
 
 

@@ -182,9 +182,11 @@ def dlc(r: Raw, p):
 
 
 def center_tis(r: Raw, p):
-    """−(1/N) Σ_t A · [w(y)∇ℓ(y) − Σ_v q(v) w(v) ∇ℓ(v)], w = min(π/q, C), entry by entry."""
+    """−(1/N) Σ_t A · [w(y)∇ℓ(y) − Σ_v q(v) w(v) ∇ℓ(v)], w = min(π/q, C), entry by entry; the sampled
+    token's log ratio bounded to ±10 first (torchtitan's)."""
     w = (r.pi / r.q).clamp(max=p.clip_c)
-    d = w.gather(-1, r.y[:, None]) * r.score
+    w_y = torch.exp((torch.log(r.pi) - torch.log(r.q)).gather(-1, r.y[:, None]).clamp(-10, 10)).clamp(max=p.clip_c)
+    d = w_y * r.score
     for v in range(V):
         d -= (r.q[:, v] * w[:, v])[:, None] * (torch.nn.functional.one_hot(torch.tensor(v), V).double() - r.pi)
     return -r.adv[:, None] * d / r.n
@@ -397,3 +399,17 @@ def test_center_tis_truncates_each_vocabulary_entry_s_ratio_to_the_engine_at_c()
                       5: with_ratios(pi[5], [2 * math.exp(0.01), 0.5])})
     check("center_tis", t)
     check("center", t)
+
+
+def test_center_tis_bounds_the_sampled_token_s_log_ratio_at_10():
+    """π(y)/q(y) = e^-20 at token 0: its weight is e^-10, as torchtitan bounds it (the expectation's
+    q·w = min(π, C·q) is not bounded)."""
+    t = batch()
+    z = t.logits.detach().clone()
+    z[0, t.tokens[0]] -= 25.0  # π(y) ≈ e^-25 of its former self
+    t = dataclasses.replace(t, logits=z.requires_grad_(True))
+    r = Raw(t)
+    assert float(torch.log(r.pi[0, t.tokens[0]] / r.q[0, t.tokens[0]])) < -15
+    g = check("center_tis", t)
+    assert get_correction("center_tis").fn(t, P).weights.weight[0] == pytest.approx(math.exp(-10), rel=1e-5)
+    assert live(g)[0]
