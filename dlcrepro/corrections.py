@@ -331,7 +331,8 @@ def in_ratio_band(log_stat: torch.Tensor, low: float, high: float) -> torch.Tens
 @register_correction("tis")
 def truncated_is(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
     """sg(min(ρ_tok, C)) · A · ∇ℓ(y) (C: `clip_c`, 2), ρ_tok = exp(bounded(b − e)): the token ratio
-    against the engine, truncated at C. verl's Token-TIS (`RolloutCorrectionConfig.decoupled_token_is`:
+    against the engine, truncated at C. verl's Token-TIS (volcengine/verl@b178a3c,
+    `RolloutCorrectionConfig.decoupled_token_is`:
     `compute_rollout_correction_weights` with rollout_is "token", threshold 2), log ratio bounded to
     ±20 as there. verl takes the ratio at θ_old (`old_log_prob`); at our one SGD step per batch b is
     θ_old's log-prob."""
@@ -343,7 +344,7 @@ def truncated_is(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
 @register_correction("seq_tis")
 def sequence_truncated_is(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
     """sg(min(ρ_seq, C_seq)) · A · ∇ℓ(y) on every token of the sequence (C_seq: `seq_clip_c`, 2),
-    ρ_seq = exp(bounded(Σ_seq (b − e))). verl's Seq-TIS (`decoupled_seq_is`: rollout_is "sequence",
+    ρ_seq = exp(bounded(Σ_seq (b − e))). verl's Seq-TIS (volcengine/verl@b178a3c, `decoupled_seq_is`: rollout_is "sequence",
     threshold 2), the sequence's summed log ratio bounded to ±20 as there."""
     b = token_logp(t)
     rho = torch.exp(bounded(per_sequence_sum(sg(b) - t.e, t)))[t.seq]
@@ -354,8 +355,8 @@ def sequence_truncated_is(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
 def sequence_masked_is(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
     """1[L ≤ exp(Σ_seq k1) ≤ H] · min(ρ_seq, C_seq) · A · ∇ℓ(y), the mean over the kept tokens, with
     k1 = e − b per token bounded to ±20 (`rollout_k1`), L = `seq_mis_low` 0.5, H = `seq_mis_high` 2,
-    C_seq = `seq_clip_c` 2 and ρ_seq as in `seq_tis`. verl's Seq-MIS preset
-    (`RolloutCorrectionConfig.decoupled_seq_is_rs`: rollout_is "sequence" at 2, rollout_rs
+    C_seq = `seq_clip_c` 2 and ρ_seq as in `seq_tis`. verl's Seq-MIS preset (volcengine/verl@b178a3c,
+    `RolloutCorrectionConfig.decoupled_seq_is_rs`: rollout_is "sequence" at 2, rollout_rs
     "seq_sum_k1" at "0.5_2.0"), in verl's orientation and units: the band bounds the rollout-over-
     trainer ratio 1/ρ_seq, so a band written "L_H" in a verl config means the same here (kept:
     ρ_seq in [1/H, 1/L]; the default band is its own reciprocal). A rejected sequence leaves the
@@ -372,7 +373,7 @@ def sequence_masked_is(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
 def geometric_rejection(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
     """1[L ≤ exp(mean_seq k1) ≤ H] · A · ∇ℓ(y), no IS weight, the mean over the kept tokens, with
     k1 = e − b per token bounded to ±20 (`rollout_k1`), L = `geo_low` 0.999, H = `geo_high` 1.001.
-    verl's Geo-RS preset (`RolloutCorrectionConfig.decoupled_geo_rs`: rollout_is None, rollout_rs
+    verl's Geo-RS preset (volcengine/verl@b178a3c, `RolloutCorrectionConfig.decoupled_geo_rs`: rollout_is None, rollout_rs
     "seq_mean_k1" at "0.999_1.001"), in verl's orientation: the band bounds the geometric mean of
     the rollout-over-trainer ratio, so it keeps a sequence whose geometric-mean ρ lies in
     [1/H, 1/L] = [1/1.001, 1/0.999], not [L, H]. A rejected sequence leaves the token mean's
@@ -388,7 +389,8 @@ def icepop(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
     """IcePop (Ring-1T, arXiv 2510.18855, "IcePop: discard all noisy gradient updates"):
     M(k) · min(r·A, clip(r, 1 ± ε)·A) with k = π_train(θ_old)/π_infer = exp(old − e),
     M(k) = k on [α, β] (`icepop_low` 0.5, `icepop_high` 5, the paper's recipe) and 0 outside,
-    r = exp(b − old), ε = `ppo_eps`. Matches slime's `icepop_function` (k = exp(old − rollout), kept
+    r = exp(b − old), ε = `ppo_eps`. Matches slime's `icepop_function` (THUDM/slime@624b824,
+    slime/backends/megatron_utils/loss.py: k = exp(old − rollout), kept
     on [tis_clip_low, tis_clip] inclusive, no bound on log k, multiplying the PPO loss): the same
     orientation (trainer over engine) and units, so a band set in slime means the same here. A
     dropped token stays in the token mean's denominator, as slime's per-rollout denominators keep
@@ -405,7 +407,8 @@ def icepop(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
 
 @register_correction("decoupled_ppo")
 def decoupled_ppo(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
-    """AReaL's decoupled PPO (`ppo_actor_loss_fn` with `use_decoupled_loss`): the behaviour policy
+    """AReaL's decoupled PPO (inclusionAI/AReaL@4aef98d, areal/utils/functional/functional.py:
+    `ppo_actor_loss_fn` with `use_decoupled_loss`): the behaviour policy
     is the engine (e); the proximal policy is the trainer recomputed at the current parameters
     before this batch's SGD steps (`old`), as AReaL's default `prox_logp_method="recompute"` does,
     not θ_s as the issue that asked for it read it. Loss: w · min(u·A, clip(u, 1 ± ε)·A),
@@ -432,7 +435,8 @@ GSPO_LOG_RATIO_CAP = 10.0
 
 @register_correction("gspo")
 def gspo(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
-    """GSPO (Zheng et al., arXiv 2507.18071), token-level gradient as verl's `compute_policy_loss_gspo`:
+    """GSPO (Zheng et al., arXiv 2507.18071), token-level gradient as verl's `compute_policy_loss_gspo`
+    (volcengine/verl@b178a3c, verl/trainer/ppo/core_algos.py):
     with the length-normalised sequence ratio s_i = exp(mean_{t∈i} (b − old)) against θ_old (the
     trainer before this batch), each token's ratio is s_i,t = sg(s_i) · π(y_t)/sg(π(y_t)) (the
     value s_i, the gradient s_i·∇ℓ(y_t)), its log capped at 10 (as verl), clipped at

@@ -366,7 +366,7 @@ def test_an_overlay_stands_on_its_own_through_its_base(tmp_path, monkeypatch):
 
 
 def test_a_rejection_band_that_keeps_nothing_is_refused():
-    with pytest.raises(ConfigError, match=r"train.behav_weight_low=6 is above train.behav_weight_cap=5.0: the band keeps nothing"):
+    with pytest.raises(ConfigError, match=r"train.behav_weight_low=6 is above train.behav_weight_cap=5.0: the band keeps"):
         load(SMOKE, {"train.behav_weight_low": 6})
     # seq_tis's and seq_mis's truncation C_seq is no end of seq_mis's band (verl's rollout_is_threshold)
     assert load(SMOKE, {"train.seq_clip_c": 0.5, "train.seq_mis_low": 0.9}).train.seq_mis_high == 2.0

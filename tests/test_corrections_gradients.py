@@ -240,7 +240,8 @@ def test_tis_truncates_at_c_and_bounds_the_log_ratio_at_20():
     assert get_correction("tis").fn(t, P).weights.clipped[:2].tolist() == [False, True]
     inf = dataclasses.replace(P, clip_c=math.inf)
     g = check("tis", t, inf)
-    w = -g.gather(-1, t.tokens[:, None]).squeeze(-1) * 10 / (t.adv.double() * (1 - Raw(t).pi.gather(-1, t.tokens[:, None]).squeeze(-1)))
+    pi_y = Raw(t).pi.gather(-1, t.tokens[:, None]).squeeze(-1)
+    w = -g.gather(-1, t.tokens[:, None]).squeeze(-1) * 10 / (t.adv.double() * (1 - pi_y))  # row y of −w·A·(onehot − π)/N
     assert w[2] == pytest.approx(math.exp(20), rel=1e-5) and w[3] == pytest.approx(math.exp(-20), rel=1e-4)
 
 
