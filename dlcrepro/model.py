@@ -15,18 +15,21 @@ from typing import Sequence
 import torch
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
-# The last eight spell the worked format's `<answer>` tags and its line break; appended, so the
-# ids of the first 21 (all the expression format uses) are unchanged.
-CHARS = "0123456789+-*/()=,>: answer<\n"
+CHARS = "0123456789+-*/()=,>: "
+# What the worked answer format adds: its `<answer>` tags' letters and its line break. Only a
+# worked-answer tokenizer has them, so an expression-format model decodes exactly as before (its
+# unused ids 24-31 decode to nothing; as letters they would change a sampled response's reward).
+WORKED_CHARS = "answer<\n"
 
 
-def build_tokenizer():
-    """Character-level tokenizer: one id per character of CHARS, plus pad/eos/unk."""
+def build_tokenizer(answer_format: str = "expression"):
+    """Character-level tokenizer: one id per character of CHARS (and WORKED_CHARS after them for
+    the `worked` answer format), plus pad/eos/unk."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {PAD: 0, EOS: 1, UNK: 2}
-    for c in CHARS:
+    for c in CHARS + (WORKED_CHARS if answer_format == "worked" else ""):
         vocab[c] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")

@@ -30,13 +30,14 @@ def test_warmup_steps_is_a_typed_config_key(tmp_path):
 def test_the_worked_format_round_trips_through_the_tiny_tokenizer_and_scores_plus_one():
     """The tiny model can write what its warm start teaches: every character of a worked answer
     has an id of its own (no <unk>), the text decodes unchanged, and it scores +1. The expression
-    format's ids are the ones they were before the worked format's characters were appended."""
+    format's tokenizer is the one it was before the worked format existed: 24 entries, its unused
+    ids decoding to nothing, so the committed study's rewards do not change."""
     from dlcrepro import countdown
     from dlcrepro.countdown import Problem
     from dlcrepro.model import build_tokenizer
     from dlcrepro.warmstart import answer_text
 
-    tok = build_tokenizer()
+    tok = build_tokenizer("worked")
     assert len(tok) == 32  # the tiny arch's vocab_size
     p = Problem(numbers=(10, 15, 12), target=13)
     worked = answer_text(p, "worked")
@@ -46,3 +47,5 @@ def test_the_worked_format_round_trips_through_the_tiny_tokenizer_and_scores_plu
     assert countdown.score(worked, p.numbers, p.target) == countdown.REWARD_CORRECT
     assert answer_text(p, "expression") == "(10+15)-12"
     assert tok("0123456789+-*/()=,>: ", add_special_tokens=False).input_ids == list(range(3, 24))
+    expression = build_tokenizer()
+    assert len(expression) == 24 and expression.decode([6, 24, 7, 31]) == "34"
