@@ -160,6 +160,7 @@ class Learner:
             logp = token_logprobs(self.logits(self.policy, sub), sub.tokens)
             gi = flat_grad(-(s.adv_tok[sl] * logp).sum() / n, self.params)
             g = gi if g is None else g.add_(gi)
+            del gi  # else the summed gradient's size again stays alive through the next forward
         return g
 
     def probe(self, probes: list[Scored]) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -203,6 +204,7 @@ class Learner:
             kl += float(kl_rows(logp_s, logp_t).sum())
             if keep:
                 kept = KeptLogits(logits_t, logp_s)
+            del logits_t, logp_t, logp_s  # else three (n, V) tensors stay alive through the next forward
         return BatchLogProbs(a=torch.cat(a), b=torch.cat(b), kl_sampler=kl / max(s.tb.tokens.numel(), 1), kept=kept)
 
     def correction_grad(self, s: Scored, rollout: Rollout, e: torch.Tensor, lp: "BatchLogProbs", synced: bool,
@@ -230,6 +232,10 @@ class Learner:
             g = gi if g is None else g.add_(gi)
             weights.append(out.weights)
             terms_total += share
+            # else this micro-batch's (n, V) logits, θ_s log-distribution and q, and a gradient the
+            # size of the model, stay alive through the next one's forward: 8.9 GiB of a Qwen3-0.6B
+            # paper step's peak (docs/cluster.md, "Memory and time model")
+            del logits_t, logp_s, q, terms, out, gi
         if terms_total != n:  # a mean over other terms (kept tokens, sequences): Σ_chunks (chunk sum) / (all terms)
             g.mul_(n / max(terms_total, 1))
         return g, weight_diagnostics(concat_weights(weights), s.tb.seq, s.tb.num_seqs)
