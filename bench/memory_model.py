@@ -328,7 +328,9 @@ WIDTH_VARIANTS = {
 
 def widths(args) -> None:
     """a_layer, bytes per padded token and layer, of each width variant (the difference of 2- and
-    1-layer peaks at two padded-token counts, R fixed)."""
+    1-layer peaks at two padded-token counts, R fixed), beside cluster.layer_bytes's linear form."""
+    from dlcrepro.cluster import layer_bytes
+
     for dtype in args.dtypes:
         for name, change in [*WIDTH_VARIANTS.items(), ("1.7b", None)]:
             arch = dict(ARCHS["qwen3-0.6b"], **change) if change is not None else ARCHS["qwen3-1.7b"]
@@ -336,7 +338,8 @@ def widths(args) -> None:
             pk = {(L, p): measure(name, L, dtype, "probe", 8, p, 32, vocab=1024)["peak"] for L in (1, 2) for p in (992, 1504)}
             a_layer = ((pk[2, 1504] - pk[1, 1504]) - (pk[2, 992] - pk[1, 992])) / (8 * 512)
             emit(dict(case="widths", variant=name, dtype=dtype, **{k: arch[k] for k in ("hidden_size", "intermediate_size",
-                      "num_attention_heads", "num_key_value_heads", "head_dim")}, a_layer=a_layer))
+                      "num_attention_heads", "num_key_value_heads", "head_dim")}, a_layer=a_layer,
+                      linear_form=layer_bytes(arch, dtype)))
 
 
 # ----------------------------------------------------------------------------- a whole step

@@ -186,17 +186,34 @@ def eval_answers_per_eval(cfg: Config, model: str) -> int:
 
 
 # ----------------------------------------------------------------------------- peak memory
-# An estimate from the model's config.json, not a measurement; calibrated on docs/cluster.md's
-# "Memory plan" (trainer peaks measured on one H200 at the paper config, responses of 293 tokens
-# on average: 70.5 GiB for Qwen3-0.6B, 82.4 GiB for Qwen3-1.7B), which it gives within 3 % at
-# the cost model's 300-token responses.
+# Measured, not calibrated: bench/memory_model.py counts the bytes of tensor storage alive in the
+# trainer's own code op by op (what torch.cuda.max_memory_allocated reports), for one micro-batch of
+# 1 and 2 layers: real tensors at rehearsal size, shape-only tensors at Qwen3 shapes (the same bytes
+# where both run). docs/cluster.md, "Memory and time model", states the fit and its extrapolation;
+# docs/measurements.md, "The trainer's memory model", the raw numbers. The whole paper step on
+# shape-only tensors at 28 layers gave 69.3 / 82.0 GiB for the trainer code the H200 measured at
+# 70.5 / 82.4 GiB, and 60.5 / 72.3 GiB for the code since (a micro-batch frees its tensors before
+# the next one's forward), which this model gives to 0.01 GiB.
 
 PROMPT_TOKENS = 120  # a Countdown chat prompt (the measured run's)
-ACTIVATION_BYTES = 34  # kept for backward per token, layer and hidden unit in 16 bits (Korthikanti et al. 2022)
-LOGIT_TENSORS = 16  # (response tokens × V) fp32 tensors alive at once in a correction's loss and backward:
-# θ_t's logits and log-softmax, θ_s's log-distribution, q and its temporaries, their gradients (a count
-# fitted to the two measured peaks, not traced)
-GPU_GIB = 140  # the H200 of the cost model (139.8 GiB as CUDA reports it)
+# Bytes kept for the backward per padded token and decoder layer: a linear form in the layer's widths
+# (h hidden, i MLP, q = heads × head_dim, kv = kv_heads × head_dim) and head counts, exact on six width
+# variants of Qwen3-0.6B and on Qwen3-1.7B (`bench/memory_model.py widths`). bf16: the linear layers'
+# bf16 inputs and outputs, the norms' float32 inputs (autocast leaves them in float32).
+LAYER_BYTES = {
+    "bfloat16": dict(h=26, i=8, q=10, kv=10, heads=8, kv_heads=4, one=8),
+    "float32": dict(h=24, i=16, q=16, kv=16, heads=8, kv_heads=4, one=8),
+}
+OUTSIDE_LAYERS_BYTES = dict(h=8, one=132)  # per padded token: the embedding's output, the final norm
+# Bytes per response token and vocabulary entry of the head and the loss (float32 logits and
+# log-softmax, their gradients; θ_s's log-distribution, q and the centred score's int64 one-hot where
+# a correction reads them), the same in float32 and bf16 (`bench/memory_model.py logits`). `probe`: an
+# on-policy probe's gradient (`Learner.pg_grad`); the others: the correction's gradient
+# (`Learner.correction_grad`, θ_s's forward included). A correction not listed takes the largest.
+LOGIT_BYTES = {"probe": 12, "pg": 20, "center": 33, "is": 20, "is_center": 33, "ppo": 20, "dlc": 36, "is_resync": 20,
+               "tis": 20, "seq_tis": 20, "seq_mis": 20, "geo_rs": 20, "icepop": 20, "decoupled_ppo": 20, "center_tis": 44}
+HEAD_INPUT_BYTES = {"bfloat16": 2, "float32": 4}  # × h per response token: the head's input (its dtype's bytes)
+GPU_GIB = 139.8  # an H200 as torch.cuda reports it (the cost model's GPU)
 GIB = 2**30
 
 
@@ -218,11 +235,29 @@ def param_count(arch: dict) -> int | None:
     return V * h * (1 if arch.get("tie_word_embeddings") else 2) + L * layer + h
 
 
+def layer_bytes(arch: dict, dtype: str) -> int:
+    """Bytes kept per padded token by one decoder layer (LAYER_BYTES's linear form)."""
+    h, i, heads = arch["hidden_size"], arch["intermediate_size"], arch["num_attention_heads"]
+    kv_heads = arch.get("num_key_value_heads") or heads
+    d = arch.get("head_dim") or h // heads
+    c = LAYER_BYTES[dtype]
+    widths = c["h"] * h + c["i"] * i + c["q"] * heads * d + c["kv"] * kv_heads * d
+    return widths + c["heads"] * heads + c["kv_heads"] * kv_heads + c["one"]
+
+
+def logit_bytes(correction: str) -> int:
+    """LOGIT_BYTES of a correction (or `probe`), the largest for one not measured."""
+    return LOGIT_BYTES.get(correction, max(LOGIT_BYTES.values()))
+
+
 @dataclass(frozen=True)
 class PeakMemory:
-    """GiB of one training job at its peak, by part (`peak_memory`)."""
+    """GiB of one training job at its peak, by part (`peak_memory`), at responses of
+    `response_tokens`, `rows` sequences in the largest micro-batch."""
 
     params: int
+    response_tokens: int
+    rows: int
     weights: float
     gradients: float
     activations: float
@@ -246,64 +281,85 @@ def engines_per_job(cfg: Config) -> int:
     return max(1 if (s.precision == "bf16" and s.always_synced) else 2 for s in map(get_sampler, cfg.grid.samplers))
 
 
-def peak_memory(cfg: Config, model: str, arch: dict, response_tokens: int = RESPONSE_TOKENS) -> PeakMemory | None:
-    """An estimate, not a measurement, of a training job's peak memory (None: `arch`, the model's
-    config.json, lacks a shape key). The worst of the grid's cells, at a probing step. With P
-    parameters (`param_count`), L layers, hidden size h, vocabulary V, sequences of
-    T = PROMPT_TOKENS + R tokens (R = `response_tokens`), m per micro-batch: micro_batch, or
-    fewer where the batch is smaller or micro_batch_tokens holds fewer rows of T (at least one):
+def micro_batch_rows(cfg: Config, model: str, response_tokens: int) -> int:
+    """Sequences in a micro-batch of PROMPT_TOKENS + `response_tokens` each: micro_batch, or fewer
+    where the batch is smaller or micro_batch_tokens holds fewer rows (at least one)."""
+    t = cfg.train_for(model)
+    fit = max(1, t.micro_batch_tokens // (PROMPT_TOKENS + response_tokens)) if t.micro_batch_tokens else t.micro_batch
+    return min(t.micro_batch, t.prompts_per_step * t.responses_per_prompt, fit)
 
-        weights      4P × 3 (θ_t, θ_s, θ_0 in fp32) + 2P (the bf16 copies of θ_t autocast keeps for
-                     backward; bfloat16 trainers only). Plain SGD keeps no state, and p.grad are views
-                     of the update direction.
-        gradients    4P × 5 (+ 4P): g_on, g_on′ and the summed g_c, while a micro-batch's
-                     per-parameter gradients and their concatenation are formed
-                     (`train.Learner.correction_grad`); + θ_before where a correction takes
-                     updates_per_batch > 1 SGD steps.
-        activations  ACTIVATION_BYTES × m·T·h·L (twice that for a float32 trainer).
-        logits       4 bytes × LOGIT_TENSORS × m·R·V (the head runs on response positions only).
+
+def peak_memory(cfg: Config, model: str, arch: dict, response_tokens: int = RESPONSE_TOKENS) -> PeakMemory | None:
+    """A training job's peak memory (None: `arch`, the model's config.json, lacks a shape key): the
+    worst of the grid's cells, in the correction's micro-batches of a probing step, every response
+    `response_tokens` long. P parameters (`param_count`), L layers, hidden size h, vocabulary V; the
+    largest micro-batch holds m rows (`micro_batch_rows`) of T = m·(PROMPT_TOKENS + R) padded and
+    m·R response tokens:
+
+        weights      4P × 3: θ_t, θ_s, θ_0 in float32 (+ 2P: the bf16 copies of θ_t that autocast
+                     keeps for the backward; bfloat16 trainers only). Plain SGD keeps no state.
+        gradients    4P × 3: g_on, g_on′ and the correction's running sum (+ 4P θ_before where a
+                     correction takes updates_per_batch > 1 SGD steps).
+        activations  T × (OUTSIDE_LAYERS_BYTES + L × `layer_bytes`).
+        logits       m·R × (LOGIT_BYTES of the grid's worst correction × V + HEAD_INPUT_BYTES × h).
         engines      GPU: engines × gpu_memory_utilization × GPU_GIB (vLLM takes that share of the
-                     card whatever the model); CPU: engines × (kv_cache_mib + 2P bytes of bf16 weights).
-    """
+                     card whatever the model; not measured); CPU: engines × (kv_cache_mib + 2P bytes
+                     of bf16 weights).
+
+    Measured (bench/memory_model.py): activations and logits are one micro-batch's, the rest counted.
+    The micro-batch's flat gradient (8P at the end of its backward) is the larger only for
+    micro-batches of a few hundred tokens, never at the paper's sizes."""
     from .registry import updates_per_batch
 
     P = param_count(arch)
     if P is None:
         return None
     t, e = cfg.train_for(model), cfg.engine
-    bf16 = cfg.models[model].trainer_dtype == "bfloat16"
+    dtype = cfg.models[model].trainer_dtype
     multi = any(updates_per_batch(c, t) > 1 for c in cfg.grid.corrections)
-    T = PROMPT_TOKENS + response_tokens
-    fit = max(1, t.micro_batch_tokens // T) if t.micro_batch_tokens else t.micro_batch  # 0: no token bound
-    m = min(t.micro_batch, t.prompts_per_step * t.responses_per_prompt, fit)
+    m = micro_batch_rows(cfg, model, response_tokens)
     h, L, V = arch["hidden_size"], arch["num_hidden_layers"], arch["vocab_size"]
+    k = max(logit_bytes(c) for c in cfg.grid.corrections)
     n = engines_per_job(cfg)
     gpu = job_resources(cfg, model)["gpu"] > 0
+    outside = OUTSIDE_LAYERS_BYTES["h"] * h + OUTSIDE_LAYERS_BYTES["one"]
     return PeakMemory(
         params=P,
-        weights=P * (12 + 2 * bf16) / GIB,
-        gradients=4 * P * (5 + multi) / GIB,
-        activations=ACTIVATION_BYTES * (1 if bf16 else 2) * m * T * h * L / GIB,
-        logits=4 * LOGIT_TENSORS * m * response_tokens * V / GIB,
+        response_tokens=response_tokens,
+        rows=m,
+        weights=P * (12 + 2 * (dtype == "bfloat16")) / GIB,
+        gradients=4 * P * (3 + multi) / GIB,
+        activations=m * (PROMPT_TOKENS + response_tokens) * (outside + L * layer_bytes(arch, dtype)) / GIB,
+        logits=m * response_tokens * (k * V + HEAD_INPUT_BYTES[dtype] * h) / GIB,
         engines=n * e.gpu_memory_utilization * GPU_GIB if gpu else n * (e.kv_cache_mib * 2**20 + 2 * P) / GIB,
     )
+
+
+def worst_peak_memory(cfg: Config, model: str, arch: dict) -> PeakMemory | None:
+    """`peak_memory` at the response length, up to engine.max_tokens, that makes it largest:
+    micro_batch_tokens bounds a micro-batch's padded tokens, so the worst is not always the longest
+    responses (Qwen3-0.6B's: 16 rows of 450 tokens fill 9,120 as 7 rows of 1,024 do not)."""
+    if param_count(arch) is None:
+        return None
+    return max((peak_memory(cfg, model, arch, r) for r in range(1, cfg.engine.max_tokens + 1)), key=lambda p: p.total)
 
 
 def memory_line(cfg: Config, model: str, snapshot: Path | None) -> str:
     """The plan's line on a model's peak memory, from the config.json of its checkpoint."""
     arch = json.loads((snapshot / "config.json").read_text()) if snapshot else {}
-    mem, worst = (peak_memory(cfg, model, arch, r) for r in (RESPONSE_TOKENS, cfg.engine.max_tokens))
+    mem, worst = peak_memory(cfg, model, arch), worst_peak_memory(cfg, model, arch)
     if mem is None:
         why = "its config.json lacks the shape keys" if snapshot else "no complete checkpoint here to read config.json from"
         return f"  {model}: not estimated ({why})"
     gpu = job_resources(cfg, model)["gpu"] > 0
     n = engines_per_job(cfg)
     share = f"{n} x {cfg.engine.gpu_memory_utilization} of a {GPU_GIB} GiB H200" if gpu else f"{n} on CPU"
+    card = f" of the card's {GPU_GIB}" if gpu else ""
     return (
         f"  {model}: {mem.params / 1e9:.2f} B params; trainer {mem.trainer:.1f} GiB (weights {mem.weights:.1f}, "
         f"flat gradients {mem.gradients:.1f}, activations {mem.activations:.1f}, logits {mem.logits:.1f}) "
-        f"+ engines {mem.engines:.1f} GiB ({share}) = {mem.total:.1f} GiB; {worst.total:.0f} GiB if every response "
-        f"reaches engine.max_tokens={cfg.engine.max_tokens}"
+        f"+ engines {mem.engines:.1f} GiB ({share}) = {mem.total:.1f} GiB; at worst {worst.total:.1f} GiB{card} "
+        f"({worst.rows} responses of {worst.response_tokens} tokens per micro-batch, engine.max_tokens={cfg.engine.max_tokens})"
     )
 
 
@@ -478,8 +534,8 @@ def plan_text(cfg: Config, source: str = "") -> str:
     checkpoints = {n.readers[0]: n.found for n in found if n.key.startswith("models.") and not n.problem}
     hf = [m for m in dict.fromkeys(g.models) if cfg.models[m].kind == "hf"]
     if hf:
-        lines += ["", f"peak memory of a job, an estimate (cluster.peak_memory; {PROMPT_TOKENS}-token prompts, "
-                      f"{RESPONSE_TOKENS}-token responses):"]
+        lines += ["", f"peak memory of a job (cluster.peak_memory: measured per micro-batch, docs/cluster.md; "
+                      f"{PROMPT_TOKENS}-token prompts, {RESPONSE_TOKENS}-token responses):"]
         lines += [memory_line(cfg, m, checkpoints.get(m)) for m in hf]
     lines += ["", f"weights and data (Hugging Face cache {hf_hub_cache()}):"]
     for m in warm:

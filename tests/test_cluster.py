@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import PAPER_MODELS, ROOT, SMOKE, cache_repo, fake_hf_cache
+from conftest import PAPER_MODELS, QWEN3_CONFIGS, ROOT, SMOKE, cache_repo, fake_hf_cache
 from dlcrepro import cluster
 from dlcrepro.config import load
 
@@ -165,30 +165,69 @@ def test_the_cost_model_counts_the_answers_an_evaluation_generates(untrained_tin
     assert len(answers) == (3 * (1 + eval_samples) + 4 if eval_on == "pool" else 4 * (1 + eval_samples))
 
 
+def by_hand(arch: dict, dtype: str, T: int, R: int, correction: str) -> dict[str, float]:
+    """The documented memory model (docs/cluster.md, "Memory and time model") written out from its
+    coefficients, in GiB, for a micro-batch of T padded and R response tokens: counted weights and
+    flat gradients, measured bytes per token."""
+    h, i, L, V = arch["hidden_size"], arch["intermediate_size"], arch["num_hidden_layers"], arch["vocab_size"]
+    heads, kv_heads, d = arch["num_attention_heads"], arch["num_key_value_heads"], arch["head_dim"]
+    P, c = cluster.param_count(arch), cluster.LAYER_BYTES[dtype]
+    layer = c["h"] * h + c["i"] * i + c["q"] * heads * d + c["kv"] * kv_heads * d
+    layer += c["heads"] * heads + c["kv_heads"] * kv_heads + c["one"]
+    outside = cluster.OUTSIDE_LAYERS_BYTES["h"] * h + cluster.OUTSIDE_LAYERS_BYTES["one"]
+    per_response_token = cluster.LOGIT_BYTES[correction] * V + cluster.HEAD_INPUT_BYTES[dtype] * h
+    gib = 2**30
+    return dict(weights=P * (12 + 2 * (dtype == "bfloat16")) / gib, gradients=3 * 4 * P / gib,
+                activations=T * (outside + L * layer) / gib, logits=R * per_response_token / gib)
+
+
 def test_peak_memory_of_a_qwen3_0_6b_paper_job_from_its_config_json(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(fake_hf_cache(tmp_path / "hub", models=PAPER_MODELS[:1])))
     cfg = cluster.load_merged([str(PAPER)])
     snap = next((tmp_path / "hub").glob("models--Qwen--Qwen3-0.6B/snapshots/*"))
-    mem = cluster.peak_memory(cfg, "qwen3-0.6b", json.loads((snap / "config.json").read_text()))
+    arch = json.loads((snap / "config.json").read_text())
+    mem = cluster.peak_memory(cfg, "qwen3-0.6b", arch)
     # tied embedding 151936·1024, 28 layers × (q, o 1024·2048 each, k, v 1024·1024 each, q/k norms
     # 2·128, MLP 3·1024·3072, two norms 2·1024), final norm 1024: Qwen3-0.6B's published 0.6 B
     layer = 2 * 1024 * 2048 + 2 * 1024 * 1024 + 2 * 128 + 3 * 1024 * 3072 + 2 * 1024
     assert mem.params == 151936 * 1024 + 28 * layer + 1024 == 596_049_920
-    gib, P = 2**30, 596_049_920
-    assert mem.weights == pytest.approx(P * (3 * 4 + 2) / gib)  # θ_t, θ_s, θ_0 in fp32 and θ_t's bf16 copies
-    assert mem.gradients == pytest.approx(5 * 4 * P / gib)  # ppo takes one SGD step here: no θ_before
-    assert mem.activations == pytest.approx(34 * 16 * (120 + 300) * 1024 * 28 / gib)  # micro_batch 16
-    assert mem.logits == pytest.approx(4 * 16 * 16 * 300 * 151936 / gib)
-    assert mem.engines == pytest.approx(2 * 0.12 * 140)  # the fp8 and stale samplers' jobs run two engines
-    assert mem.trainer == pytest.approx(70.5, rel=0.03)  # the README's measured trainer peak
-    # every response 1024 tokens long: micro_batch_tokens 9120 holds 7 rows of 120 + 1024 tokens
-    worst = cluster.peak_memory(cfg, "qwen3-0.6b", json.loads((snap / "config.json").read_text()), 1024)
-    assert worst.activations == pytest.approx(34 * 7 * 1144 * 1024 * 28 / gib)
-    assert worst.logits == pytest.approx(4 * 16 * 7 * 1024 * 151936 / gib)
+    # 300-token responses: micro_batch 16 rows of 420 tokens (6,720 ≤ micro_batch_tokens 9,120); dlc, the
+    # grid's largest logits per response token; the fp8 and stale samplers' jobs run two engines
+    hand = by_hand(arch, "bfloat16", 16 * 420, 16 * 300, "dlc")
+    assert (mem.rows, mem.response_tokens) == (16, 300)
+    assert {k: getattr(mem, k) for k in hand} == pytest.approx(hand)
+    assert mem.engines == pytest.approx(2 * 0.12 * cluster.GPU_GIB)
+    # the worst response length up to max_tokens 1024: 8 rows of 1,020 fill micro_batch_tokens 9,120 exactly
+    worst = cluster.worst_peak_memory(cfg, "qwen3-0.6b", arch)
+    assert (worst.rows, worst.response_tokens) == (8, 1020)
+    assert worst.trainer == pytest.approx(sum(by_hand(arch, "bfloat16", 8 * 1140, 8 * 1020, "dlc").values()))
     text = cluster.plan_text(cfg)
-    assert "peak memory of a job, an estimate" in text
-    assert "  qwen3-0.6b: 0.60 B params; trainer 68.4 GiB" in text and "= 102.0 GiB" in text
+    assert "peak memory of a job (cluster.peak_memory" in text
+    assert f"  qwen3-0.6b: 0.60 B params; trainer {mem.trainer:.1f} GiB" in text and f"= {mem.total:.1f} GiB" in text
+    assert f"at worst {worst.total:.1f} GiB of the card's {cluster.GPU_GIB} (8 responses of 1020 tokens" in text
     assert "  qwen3-1.7b: not estimated (no complete checkpoint here to read config.json from)" in text
+
+
+def test_the_model_gives_the_paper_step_counted_on_shape_only_tensors():
+    """bench/memory_model.py paper: gpu_check's paper-trainer step (512 sequences, responses of
+    150-450 tokens) on shape-only tensors at 28 layers counted 60.474 and 72.252 GiB (θ copies
+    included), its largest dlc micro-batch 8,992 padded and 5,244 response tokens (Qwen3-0.6B), 4,488
+    and 2,927 (Qwen3-1.7B). The model at those micro-batches: weights, three flat gradients, one
+    micro-batch."""
+    for repo, T, R, counted in (("Qwen/Qwen3-0.6B", 8992, 5244, 64_933_521_564),
+                                ("Qwen/Qwen3-1.7B", 4488, 2927, 77_580_369_013)):
+        model = sum(by_hand(QWEN3_CONFIGS[repo], "bfloat16", T, R, "dlc").values())
+        assert model == pytest.approx(counted / 2**30, abs=0.01)
+
+
+@pytest.mark.parametrize("repo", PAPER_MODELS)
+def test_a_paper_job_fits_the_h200_at_its_worst_response_length(repo):
+    cfg = cluster.load_merged([str(PAPER)])
+    model = {"Qwen/Qwen3-0.6B": "qwen3-0.6b", "Qwen/Qwen3-1.7B": "qwen3-1.7b"}[repo]
+    arch = QWEN3_CONFIGS[repo]
+    worst = cluster.worst_peak_memory(cfg, model, arch)
+    assert all(cluster.peak_memory(cfg, model, arch, r).total <= worst.total for r in (1, 150, 300, 450, 1024))
+    assert worst.total < cluster.GPU_GIB, worst
 
 
 def test_config_files_merge_as_snakemakes_configfiles():
