@@ -3,6 +3,7 @@ is missing from the local cache), a dry run that stops on a missing model, and a
 to train a GPU config on a CPU torch."""
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -43,10 +44,10 @@ def test_plan_of_the_paper_grid_counts_cells_gpu_hours_and_the_largest_job(tmp_p
     rows = {m: line.split() for line in out.splitlines() for m in ("qwen3-0.6b", "qwen3-1.7b", "total") if line.startswith(m)}
     # cells, trained, copied, done; GPU-hours requested (Σ runtime × GPUs: copies ask for none) and
     # estimated by the cost model (55.1 and 87.3 minutes per trained job: test_cost_model_minutes_per_paper_job)
-    assert rows["qwen3-0.6b"][1:5] == ["84", "60", "24", "0"] and "90.0" in rows["qwen3-0.6b"] and "55.1" in rows["qwen3-0.6b"]
-    assert rows["qwen3-1.7b"][1:5] == ["84", "60", "24", "0"] and "150.0" in rows["qwen3-1.7b"] and "87.3" in rows["qwen3-1.7b"]
-    assert rows["total"][1:] == ["168", "120", "48", "240.0", "142.3"]
-    assert "largest single job: train qwen3-1.7b/" in out and "1 GPU, 150 min, 96000 MB, 8 CPUs" in out
+    assert rows["qwen3-0.6b"][1:5] == ["84", "60", "24", "0"] and "120.0" in rows["qwen3-0.6b"] and "55.1" in rows["qwen3-0.6b"]
+    assert rows["qwen3-1.7b"][1:5] == ["84", "60", "24", "0"] and "180.0" in rows["qwen3-1.7b"] and "87.3" in rows["qwen3-1.7b"]
+    assert rows["total"][1:] == ["168", "120", "48", "300.0", "142.3"]
+    assert "largest single job: train qwen3-1.7b/" in out and "1 GPU, 180 min, 96000 MB, 8 CPUs" in out
     assert out.count(": ok (") == 3 and "MISSING" not in out
 
 
@@ -118,6 +119,12 @@ def test_cost_model_minutes_per_paper_job():
     assert cluster.estimated_minutes(cfg, "qwen3-0.6b") == pytest.approx(3304.8 / 60)
     assert cluster.estimated_minutes(cfg, "qwen3-1.7b") == pytest.approx(5236 / 60)
     assert cluster.estimated_minutes(load(SMOKE), "tiny") is None  # a CPU model: not in the GPU cost model
+
+
+@pytest.mark.parametrize("model", ["qwen3-0.6b", "qwen3-1.7b"])
+def test_a_paper_jobs_runtime_request_is_twice_the_cost_models_estimate_rounded_up_to_10_minutes(model):
+    cfg = cluster.load_merged([str(PAPER)])
+    assert cluster.job_resources(cfg, model)["runtime"] == 10 * math.ceil(2 * cluster.estimated_minutes(cfg, model) / 10)
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +235,24 @@ def test_a_paper_job_fits_the_h200_at_its_worst_response_length(repo):
     worst = cluster.worst_peak_memory(cfg, model, arch)
     assert all(cluster.peak_memory(cfg, model, arch, r).total <= worst.total for r in (1, 150, 300, 450, 1024))
     assert worst.total < cluster.GPU_GIB, worst
+
+
+def test_the_memory_table_of_docs_cluster_md_is_the_plans():
+    """docs/cluster.md, "Memory and time model": each paper job's predicted peak, by part, as
+    cluster.peak_memory gives it at the row's response length (and that length the worst)."""
+    cfg = cluster.load_merged([str(PAPER)])
+    rows = [r for r in (ROOT / "docs" / "cluster.md").read_text().splitlines() if r.startswith("| Qwen3-")]
+    assert len(rows) == 4, rows
+    for row in rows:
+        job, responses, micro, *gib = (c.strip() for c in row.strip("|").split("|"))
+        model, arch = job.lower(), QWEN3_CONFIGS[f"Qwen/{job}"]
+        r = int(responses.split()[0].replace(",", ""))
+        mem = cluster.peak_memory(cfg, model, arch, r)
+        assert micro == f"{mem.rows} × {cluster.PROMPT_TOKENS + r:,}", row
+        parts = (mem.weights, mem.gradients, mem.activations, mem.logits, mem.trainer, mem.engines, mem.total)
+        assert gib == [f"{x:.1f}" for x in parts], row
+        if "worst" in responses:
+            assert cluster.worst_peak_memory(cfg, model, arch).response_tokens == r
 
 
 def test_config_files_merge_as_snakemakes_configfiles():
