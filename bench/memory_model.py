@@ -48,9 +48,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dlcrepro import gpu_check  # noqa: E402
+from dlcrepro.arch import QWEN3_ARCH  # noqa: E402
 from dlcrepro.rehearsal import REHEARSAL_ARCH  # noqa: E402
 
-ARCHS = {"rehearsal": REHEARSAL_ARCH, **gpu_check.QWEN3_ARCH}
+ARCHS = {"rehearsal": REHEARSAL_ARCH, **QWEN3_ARCH}
 PAPER_CORRECTIONS = ("pg", "center", "is", "is_center", "ppo", "dlc", "is_resync")
 MALLOC_RETURNS = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 

@@ -2,7 +2,7 @@
 
     python3 bench/trainer_profile.py [--model qwen3-0.6b] [--device cuda] [--top 15]
 
-Builds the paper model's architecture with random weights (`gpu_check.QWEN3_ARCH`, no download),
+Builds the paper model's architecture with random weights (`arch.QWEN3_ARCH`, no download),
 a `Learner` with `configs/paper.yaml`'s train settings, and a batch of the paper step's shape
 (`gpu_check.paper_step_batch`); then, after a warm-up, profiles each of the step's trainer
 pieces once (log-probs at θ_t and θ_s, one probe gradient, θ_0's log-probs, the dlc gradient)

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import torch
 
+from .arch import QWEN3_ARCH
+
 # Linear widths that are multiples of 128 so that vLLM's block-FP8 path takes the model (the
 # smoke/tiny model's k/v projections are 64 wide).
 ALIGNED_ARCH = dict(
@@ -52,25 +54,6 @@ ALIGNED_ARCH = dict(
     tie_word_embeddings=True,
     rope_theta=10000.0,
 )
-
-
-# The published architectures of the paper's models (their config.json), for the paper-trainer
-# piece: it needs their size and shapes, not their weights.
-_QWEN3_COMMON = dict(
-    vocab_size=151936,
-    num_hidden_layers=28,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=128,
-    max_position_embeddings=40960,
-    rope_theta=1000000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
-)
-QWEN3_ARCH = {
-    "qwen3-0.6b": dict(_QWEN3_COMMON, hidden_size=1024, intermediate_size=3072),
-    "qwen3-1.7b": dict(_QWEN3_COMMON, hidden_size=2048, intermediate_size=6144),
-}
 
 
 def small_arch(arch: dict) -> dict:

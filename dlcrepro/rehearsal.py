@@ -26,30 +26,28 @@ from pathlib import Path
 import numpy as np
 
 from . import countdown
+from .arch import QWEN3_COMMON
 from .config import WarmstartConfig
 from .countdown import Problem
 from .paths import REHEARSAL_DATASET, REHEARSAL_MODEL, cache_repo_dir, hf_hub_cache
 from .util import log
 
-# Qwen3-0.6B's shape (28 layers, hidden 1024, 16 query / 8 key-value heads of 128, MLP 3072,
-# vocabulary 151,936, tied embeddings) cut to what 2 CPU cores train in minutes: grouped-query
-# attention with head_dim 128 and q/k norms as in Qwen3; every matrix still holds several 128 x 128
-# FP8 blocks (q_proj and o_proj 4 each, k/v_proj 2, gate/up/down 8), so native and emulated block
-# FP8 quantize real blocks; the vocabulary stays far above the paper config's top-k of 20.
-# 4 layers of 4 heads and MLP 768 took 9-12 s per warm-start step (32 x 141 tokens) on 2 shared
-# cores: this shape is ~3x cheaper.
+# Qwen3's architecture (`arch.QWEN3_COMMON`: grouped-query attention with head_dim 128, q/k norms, its
+# rope θ and norm ε, tied embeddings) with Qwen3-0.6B's sizes (28 layers, hidden 1024, 16 query / 8
+# key-value heads, MLP 3072, vocabulary 151,936) cut to what 2 CPU cores train in minutes: every matrix
+# still holds several 128 x 128 FP8 blocks (q_proj and o_proj 4 each, k/v_proj 2, gate/up/down 8), so
+# native and emulated block FP8 quantize real blocks; the vocabulary stays far above the paper config's
+# top-k of 20. 4 layers of 4 heads and MLP 768 took 9-12 s per warm-start step (32 x 141 tokens) on 2
+# shared cores: this shape is ~3x cheaper.
 REHEARSAL_ARCH = dict(
+    QWEN3_COMMON,
     vocab_size=3072,  # the tokenizer's 3,002 entries padded to a multiple of 128, as Qwen3 pads its own
     hidden_size=256,
     intermediate_size=512,
     num_hidden_layers=2,
     num_attention_heads=2,
     num_key_value_heads=1,
-    head_dim=128,
     max_position_embeddings=2048,
-    rope_theta=1_000_000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
 )
 TOKENIZER_SIZE = 3000
 
