@@ -42,9 +42,14 @@ def cmd_train(args) -> int:
         status = run_via_server(args.server, _without_server(args.argv))
         if status is not None:
             return status
+    from .config import load
+    from .tracking import from_env
     from .train import run_cell
 
-    cfg = _load(args)
+    # the workflow hands its jobs the study's tracking section in the environment: no part of the
+    # job's config file, whose changes rerun the cell
+    section = from_env()
+    cfg = load(args.config, {**({"tracking": section} if section else {}), **_overrides(args.set)})
     summary = run_cell(cfg, args.model, args.sampler, args.correction, args.seed, Path(args.out), model_dir=args.model_dir,
                        keep_checkpoint=args.keep_checkpoint)
     print(json.dumps(summary, indent=1))

@@ -21,6 +21,7 @@ import yaml
 
 from .grid import SAMPLERS
 from .registry import CORRECTION_INFO
+from .tracking import BACKENDS, EXTRA, missing_packages
 
 
 class ConfigError(ValueError):
@@ -289,6 +290,28 @@ class GridConfig:
 
 
 @dataclass
+class TrackingConfig:
+    backends: list[str] = field(default_factory=list)
+    """experiment trackers each training step's metrics row also goes to, any of tensorboard,
+    wandb, mlflow (pip install 'dlcrepro[tracking]'); empty: none, metrics.parquet alone."""
+    project: str = ""
+    """the W&B project and MLflow experiment of the runs ("": dlcrepro-<name>)."""
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """W&B: "offline" writes each run's files under wandb_dir, uploaded later by `wandb sync` (no
+    network, as on compute nodes); "online" streams them to the W&B server."""
+    wandb_entity: str = ""
+    """W&B: the user or team the project belongs to ("": the logged-in user's default)."""
+    wandb_dir: str = ""
+    """W&B: where run files are written ("": <results_dir>/_wandb)."""
+    mlflow_uri: str = ""
+    """MLflow tracking URI: a server (http://host:5000) or a database (sqlite:///path.db) ("":
+    $MLFLOW_TRACKING_URI, else the SQLite database <results_dir>/_mlflow.db)."""
+    tensorboard_dir: str = ""
+    """TensorBoard: the log directory, a subdirectory <model>/<sampler>/<correction>/seed<k> per
+    run ("": <results_dir>/_tensorboard)."""
+
+
+@dataclass
 class Config:
     name: str = "tiny"
     """name of this configuration (tiny, smoke, paper)."""
@@ -314,6 +337,9 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     models: dict[str, ModelConfig] = field(default_factory=dict)
     grid: GridConfig = field(default_factory=GridConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """where training runs are also watched (TensorBoard, W&B, MLflow); not part of the science:
+    changing it reruns no cell (docs/tracking.md)."""
 
     def train_for(self, model: str) -> TrainConfig:
         """The train section with the model's overrides applied."""
@@ -406,11 +432,16 @@ def validate(cfg: Config) -> Config:
                           ("behav_weight_low", "behav_weight_cap")):
             if getattr(t, low) > getattr(t, high):  # an empty band would drop every token, silently
                 raise ConfigError(f"train.{low}={getattr(t, low)} is above train.{high}={getattr(t, high)}: the band keeps nothing")
+    missing = missing_packages(cfg.tracking.backends)
+    if missing:
+        names = ", ".join(f"{b} (package {p})" for b, p in missing.items())
+        raise ConfigError(f"tracking.backends names {names}, not installed here: pip install '{EXTRA}'")
     return _check_grid_names(cfg)
 
 
 def _check_grid_names(cfg: Config) -> Config:
-    """The grid's models, samplers and corrections exist (torch-free: the registries of names)."""
+    """The grid's models, samplers and corrections, and the trackers, exist (torch-free: the
+    registries of names)."""
     for m in cfg.grid.models:
         if m not in cfg.models:
             raise ConfigError(f"grid.models: unknown model {m!r}; known: {sorted(cfg.models)}")
@@ -420,6 +451,12 @@ def _check_grid_names(cfg: Config) -> Config:
     for c in cfg.grid.corrections:
         if c not in CORRECTION_INFO:
             raise ConfigError(f"grid.corrections: unknown correction {c!r}; known: {sorted(CORRECTION_INFO)}")
+    backends = cfg.tracking.backends
+    if not isinstance(backends, list) or len(set(backends)) != len(backends):
+        raise ConfigError(f"tracking.backends: expected a list of distinct names, got {backends!r}")
+    for b in backends:
+        if b not in BACKENDS:
+            raise ConfigError(f"tracking.backends: unknown tracker {b!r}; known: {list(BACKENDS)}")
     readers = [c for c in cfg.grid.corrections if CORRECTION_INFO[c].needs_q]
     if readers and cfg.engine.topk < 1:
         raise ConfigError(f"engine.topk={cfg.engine.topk}: {readers} read the engine's next-token distribution; it must be >= 1")

@@ -25,7 +25,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from . import analysis, countdown, data, paths
+from . import analysis, countdown, data, paths, tracking
 from .cluster import check_device
 from .config import Config, ConfigError, to_dict
 from .corrections import CorrectionParams, TokenTerms, concat_weights, engine_distribution, get_correction, weight_diagnostics
@@ -533,6 +533,8 @@ def finished_as(cell: Path, meta: dict, cfg: Config) -> bool:
         return False
     ran = yaml.safe_load((cell / CONFIG_FILE).read_text()) or {}
     want = yaml.safe_load(yaml.safe_dump({"cell": meta, "config": to_dict(cfg)}, sort_keys=False))
+    for c in (ran.get("config") or {}, want["config"]):
+        c.pop("tracking", None)  # where a run is watched is no part of what it computes
     return ran.get("cell") == want["cell"] and ran.get("config") == want["config"] and "computed_as" not in ran
 
 
@@ -557,10 +559,16 @@ def copy_cell(src: Path, out: Path, meta: dict, cfg: Config, why: str) -> dict:
     t0 = time.perf_counter()
     atomic_write_text(out / CONFIG_FILE, yaml.safe_dump({"cell": meta, "computed_as": str(src), "why": why, "config": to_dict(cfg)}, sort_keys=False))
     atomic_save(out / METRICS_FILE, lambda tmp: shutil.copyfile(src / METRICS_FILE, tmp))
-    summary = {**json.loads((src / SUMMARY_FILE).read_text()), **meta, "computed_as": str(src), "why": why}
+    ran = json.loads((src / SUMMARY_FILE).read_text())
+    summary = {**ran, **meta, "computed_as": str(src), "why": why}
     summary["wall_seconds"] = round(time.perf_counter() - t0, 3)
+    summary.pop("tracking", None)
     with cell_log(out / LOG_FILE) as note:
         note(f"{out} is the run in {src} ({why}): metrics copied, not recomputed")
+        if cfg.tracking.backends:  # its series are in the trackers once, under the run it copies
+            twin = tracking.run_name(ran)
+            summary["tracking"] = f"not logged: this cell is the run logged as {twin}"
+            note(f"tracking: not logged to {', '.join(cfg.tracking.backends)}: this cell is the run logged there as {twin}")
     atomic_write_text(out / SUMMARY_FILE, json.dumps(summary, indent=1))
     return summary
 
@@ -612,9 +620,10 @@ def start_or_resume(tr: Trainer, ckpt: Path, out: Path, meta: dict, note) -> Cel
     return cell
 
 
-def train_steps(tr: Trainer, cell: Cell, ckpt: Path, note, desc: str) -> dict[str, float]:
+def train_steps(tr: Trainer, cell: Cell, ckpt: Path, note, desc: str, trackers: tracking.Trackers) -> dict[str, float]:
     """Take the cell's remaining steps, one metrics row each, checkpointing every `ckpt_every`
-    steps (not after the last); the seconds spent per phase, summed over these steps."""
+    steps (not after the last) and sending each finished row to the trackers; the seconds spent
+    per phase, summed over these steps."""
     totals = dict.fromkeys(PHASES, 0.0)
     steps = tr.tcfg.steps
     bar = tqdm(total=steps, initial=cell.step, desc=desc, unit="step", mininterval=2.0)
@@ -629,6 +638,7 @@ def train_steps(tr: Trainer, cell: Cell, ckpt: Path, note, desc: str) -> dict[st
             with timer("checkpoint"):
                 tr.save_checkpoint(ckpt, cell)
             cell.rows[-1]["sec_checkpoint"] = timer.sec["checkpoint"]
+        trackers.log(cell.step, cell.rows[-1])
         for p_, v in timer.sec.items():
             totals[p_] += v
         bar.update(1)
@@ -648,13 +658,23 @@ def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkp
     setup_sec = time.perf_counter() - t0
     ckpt = out / CKPT_FILE
     cell = start_or_resume(tr, ckpt, out, meta, note)
-    desc = f"{meta['model']}/{meta['sampler']}/{meta['correction']}/seed{meta['seed']}"
-    totals = train_steps(tr, cell, ckpt, note, desc)
+    trackers = tracking.open_trackers(cfg, out, note, first_step=cell.step + 1)
+    trackers.start(meta, tracking.cell_params(cfg, meta))
+    try:
+        totals = train_steps(tr, cell, ckpt, note, tracking.run_name(meta), trackers)
+    except BaseException:
+        trackers.finish(None)  # the trackers' runs end as failed; the checkpoint is kept
+        raise
     totals["setup"] = setup_sec
+    if trackers.status:
+        totals["tracking"] = trackers.seconds  # starting the trackers and each step's logging
     df = pd.DataFrame(cell.rows)
     atomic_save(out / METRICS_FILE, lambda tmp: df.to_parquet(tmp, index=False))
     summary = summarize(cell.rows, cell, meta, totals)
     summary["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    trackers.finish(summary)
+    if trackers.status:
+        summary["tracking"] = trackers.status
     atomic_write_text(out / SUMMARY_FILE, json.dumps(summary, indent=1))
     if keep_checkpoint:  # the final θ_t and θ_s, e.g. for `python -m dlcrepro scan --checkpoint`
         tr.save_checkpoint(ckpt, cell)

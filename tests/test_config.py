@@ -16,6 +16,7 @@ from dlcrepro.config import (
     ModelConfig,
     Range,
     TaskConfig,
+    TrackingConfig,
     TrainConfig,
     WarmstartConfig,
     build,
@@ -323,6 +324,7 @@ SECTIONS = {  # the schema's node of each config dataclass
     ("grid",): GridConfig,
     ("models", "*"): ModelConfig,
     ("models", "*", "warmstart"): WarmstartConfig,
+    ("tracking",): TrackingConfig,
 }
 
 

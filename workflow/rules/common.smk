@@ -12,7 +12,7 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 # The package's torch-free modules, from this checkout (the Snakemake env need not have it installed).
 sys.path.insert(0, str(Path(workflow.basedir).resolve()))
-from dlcrepro import cluster
+from dlcrepro import cluster, tracking
 from dlcrepro.config import build as build_config
 from dlcrepro.config import with_base
 from dlcrepro.grid import computed_as
@@ -37,6 +37,15 @@ AGG = f"{RESULTS}/_aggregate"
 LOGS = f"{RESULTS}/_logs"
 BENCHMARKS = f"{RESULTS}/_benchmarks"  # Snakemake's per-job max RSS and CPU time
 HF_CACHE = hf_hub_cache().resolve()  # where hf models and parquet data are found by id (never downloaded)
+
+# config `tracking`: training jobs find the study's section, its directories resolved under
+# RESULTS, in their environment (as they find the fork server), not in their config file, a rule
+# param or shell text, whose changes would rerun every cell (dlcrepro/tracking.py).
+_TRACKING = tracking.for_jobs(config.get("tracking"), RESULTS, config.get("name", "tiny"))
+if _TRACKING:
+    os.environ[tracking.ENV] = _TRACKING
+else:
+    os.environ.pop(tracking.ENV, None)
 
 
 def _python():
