@@ -231,7 +231,10 @@ def serve(path: str, watch_pid: int | None = None, idle_seconds: float | None = 
     import torch
 
     torch.set_num_threads(1)  # no OpenMP worker threads exist when a child is forked
-    for name in PRELOAD:
+    from .tracking import from_env, modules_to_preload
+
+    # and the trackers a study that logs to them names (the workflow's DLCREPRO_TRACKING)
+    for name in (*PRELOAD, *modules_to_preload(from_env())):
         importlib.import_module(name)
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

@@ -11,8 +11,9 @@ A backend is one class with `start(cell, params)`, `log(step, row)` and `finish(
 (`summary` None: the run failed), registered by name. `Trackers` drives a run's backends and keeps
 each one's failure to itself: the first error a backend raises (a lost server) is reported once, in
 the cell's log, and that backend logs no more in this run; training goes on. No backend is imported
-before a run starts one: this module is stdlib-only, like dlcrepro/config.py, which checks the
-names against `BACKENDS` (and that each one's package is installed).
+before a run starts one (or the fork server of a study that names it, once): this module is
+stdlib-only, like dlcrepro/config.py, which checks the names against `BACKENDS` and that each
+one's package is installed.
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ IDS_FILE = "tracking.json"  # in the cell's directory: each backend's run id, wh
 
 
 class Tracker(Protocol):
-    """One backend's run of one cell."""
+    """One backend's run of one cell, made by `Backend(tc, first_step, run_id)`."""
 
     name: str
+    package: str  # what must be installed (config.validate checks it)
+    modules: tuple[str, ...]  # what it imports, which a fork server may import first
     run_id: str  # what a resumed run continues (IDS_FILE), "" where the backend has none
 
     def start(self, cell: dict, params: dict[str, Any]) -> None: ...
@@ -125,7 +128,7 @@ class TensorBoardTracker:
     (double precision: the table's numbers exactly), the config and summary as text. A resumed run
     writes a restart marker at its first step, so TensorBoard drops the steps it takes again."""
 
-    name, package = "tensorboard", "tensorboard"
+    name, package, modules = "tensorboard", "tensorboard", ("torch.utils.tensorboard",)
 
     def __init__(self, tc: "TrackingConfig", first_step: int, run_id: str = ""):
         self.tc, self.first_step, self.run_id = tc, first_step, ""
@@ -158,7 +161,7 @@ class WandbTracker:
     """A W&B run (`wandb_mode` offline: files under `wandb_dir` for `wandb sync`; online: streamed),
     named after the cell, grouped with its seeds, tagged with its model, sampler and correction."""
 
-    name, package = "wandb", "wandb"
+    name, package, modules = "wandb", "wandb", ("wandb",)
 
     def __init__(self, tc: "TrackingConfig", first_step: int, run_id: str = ""):
         self.tc, self.first_step, self.run_id = tc, first_step, run_id
@@ -194,15 +197,19 @@ MLFLOW_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACK
 
 @register
 class MLflowTracker:
-    """An MLflow run in experiment `project` at `mlflow_uri` (a server, a database, a directory):
-    the config as parameters, one batch of metrics per step, the summary's numbers as metrics and
-    the whole summary as the artifact `summary.json`; tags name the cell and its group."""
+    """An MLflow run in experiment `project` at `mlflow_uri` (a server or a database): the config
+    as parameters, one batch of metrics per step, the summary's numbers as metrics and the whole
+    summary as the artifact `summary.json`; tags name the cell and its group.
 
-    name, package = "mlflow", "mlflow"
+    A step's batch is sent in MLflow's background queue (a synchronous request to a server took
+    ~50 ms, 5 % of a tiny-model step); the next step first waits for it, so a failure surfaces,
+    and is reported, one step late."""
+
+    name, package, modules = "mlflow", "mlflow", ("mlflow", "mlflow.entities")
 
     def __init__(self, tc: "TrackingConfig", first_step: int, run_id: str = ""):
         self.tc, self.first_step, self.run_id = tc, first_step, run_id
-        self.last_step = 0
+        self.last_step, self.pending = 0, None
 
     def start(self, cell, params):
         for k, v in MLFLOW_HTTP.items():
@@ -245,11 +252,23 @@ class MLflowTracker:
     def log(self, step, row):
         from mlflow.entities import Metric
 
+        self._wait()
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in step_values(row).items()])
+        metrics = [Metric(k, v, now, step) for k, v in step_values(row).items()]
+        self.pending = self.client.log_batch(self.run_id, metrics=metrics, synchronous=False)
         self.last_step = step
 
+    def _wait(self) -> None:
+        """The previous step's batch is in (raises its failure, naming that step)."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            try:
+                pending.wait()
+            except Exception as e:
+                raise RuntimeError(f"step {self.last_step}'s metrics were not logged: {e}") from e
+
     def finish(self, summary):
+        self._wait()
         if summary is None:
             self.client.set_terminated(self.run_id, status="FAILED")
             return
@@ -340,6 +359,11 @@ def for_jobs(section: dict | None, results_dir: str, name: str) -> str | None:
 
     tc = _build(TrackingConfig, dict(section or {}), "tracking")
     return json.dumps(dataclasses.asdict(resolved(tc, results_dir, name)), sort_keys=True) if tc.backends else None
+
+
+def modules_to_preload(section: dict | None) -> list[str]:
+    """The modules of the backends `section` names, for a process that forks jobs to import once."""
+    return [m for b in (section or {}).get("backends", []) if b in BACKENDS for m in BACKENDS[b].modules]
 
 
 def from_env() -> dict | None:
