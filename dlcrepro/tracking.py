@@ -25,6 +25,7 @@ import math
 import os
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
@@ -217,13 +218,15 @@ class MLflowTracker:
         from mlflow import MlflowClient
         from mlflow.entities import Param
 
-        self.client = MlflowClient(tracking_uri=self.tc.mlflow_uri)
+        with self._sqlite_lock():  # the client opens its store, which migrates a new database
+            self.client = MlflowClient(tracking_uri=self.tc.mlflow_uri)
+            experiment = None if self.run_id else self._experiment()
         if self.run_id:  # a resumed run continues its MLflow run
             self.client.update_run(self.run_id, status="RUNNING")
             return
         tags = {"model": cell["model"], "sampler": cell["sampler"], "correction": cell["correction"],
                 "seed": str(cell["seed"]), "group": run_group(cell)}
-        run = self.client.create_run(self._experiment(), run_name=run_name(cell), tags=tags)
+        run = self.client.create_run(experiment, run_name=run_name(cell), tags=tags)
         self.run_id = run.info.run_id
         self.client.log_batch(self.run_id, params=[Param(k, str(v)) for k, v in params.items()])
 
@@ -241,13 +244,31 @@ class MLflowTracker:
                 pass
         raise RuntimeError(f"MLflow experiment {self.tc.project!r} could be neither found nor created")
 
+    def _sqlite_db(self) -> Path | None:
+        return Path(self.tc.mlflow_uri.removeprefix("sqlite:///")) if self.tc.mlflow_uri.startswith("sqlite:///") else None
+
+    @contextmanager
+    def _sqlite_lock(self):
+        """Jobs starting at once on a new SQLite file would each run MLflow's schema migration on it,
+        and all but one fail (seen with the workflow's two local jobs): opening the store, which
+        creates and migrates the file, and finding the experiment hold a lock beside it. A server
+        needs none."""
+        db = self._sqlite_db()
+        if db is None:
+            yield
+            return
+        import fcntl
+
+        db.parent.mkdir(parents=True, exist_ok=True)
+        with open(db.parent / f".{db.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
     def _artifacts(self) -> str | None:
         """Beside a local database, `<db>_artifacts/` (MLflow's own default is ./mlruns in the
         working directory); a server keeps its own."""
-        if not self.tc.mlflow_uri.startswith("sqlite:///"):
-            return None
-        db = Path(self.tc.mlflow_uri.removeprefix("sqlite:///"))
-        return (db.parent / f"{db.stem}_artifacts").resolve().as_uri()
+        db = self._sqlite_db()
+        return None if db is None else (db.parent / f"{db.stem}_artifacts").resolve().as_uri()
 
     def log(self, step, row):
         from mlflow.entities import Metric
