@@ -41,7 +41,9 @@ HF_CACHE = hf_hub_cache().resolve()  # where hf models and parquet data are foun
 # config `tracking`: training jobs find the study's section, its directories resolved under
 # RESULTS, in their environment (as they find the fork server), not in their config file, a rule
 # param or shell text, whose changes would rerun every cell (dlcrepro/tracking.py).
-_TRACKING = tracking.for_jobs(config.get("tracking"), RESULTS, config.get("name", "tiny"))
+_TRACKING = tracking.for_jobs(
+    config.get("tracking"), RESULTS, config.get("name", "tiny")
+)
 if _TRACKING:
     os.environ[tracking.ENV] = _TRACKING
 else:
