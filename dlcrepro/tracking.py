@@ -38,7 +38,7 @@ IDS_FILE = "tracking.json"  # in the cell's directory: each backend's run id, wh
 
 
 class Tracker(Protocol):
-    """One backend's run of one cell, made by `Backend(tc, first_step, run_id)`."""
+    """One backend's run of one cell: a `Backend` subclass, registered by name."""
 
     name: str
     package: str  # what must be installed (config.validate checks it)
@@ -123,16 +123,23 @@ def summary_numbers(summary: dict) -> dict[str, float]:
 # ----------------------------------------------------------------------------- backends
 
 
+class Backend:
+    """What every backend holds: its settings (resolved), the step its run starts at (1, or the
+    resumed step), and the run id it continues ("": a new run)."""
+
+    name, package, modules = "", "", ()
+
+    def __init__(self, tc: "TrackingConfig", first_step: int, run_id: str = ""):
+        self.tc, self.first_step, self.run_id = tc, first_step, run_id
+
+
 @register
-class TensorBoardTracker:
+class TensorBoardTracker(Backend):
     """Scalars under the column names in `<tensorboard_dir>/<model>/<sampler>/<correction>/seed<k>`
     (double precision: the table's numbers exactly), the config and summary as text. A resumed run
     writes a restart marker at its first step, so TensorBoard drops the steps it takes again."""
 
     name, package, modules = "tensorboard", "tensorboard", ("torch.utils.tensorboard",)
-
-    def __init__(self, tc: "TrackingConfig", first_step: int, run_id: str = ""):
-        self.tc, self.first_step, self.run_id = tc, first_step, ""
 
     def start(self, cell, params):
         from torch.utils.tensorboard import SummaryWriter
@@ -158,14 +165,11 @@ class TensorBoardTracker:
 
 
 @register
-class WandbTracker:
+class WandbTracker(Backend):
     """A W&B run (`wandb_mode` offline: files under `wandb_dir` for `wandb sync`; online: streamed),
     named after the cell, grouped with its seeds, tagged with its model, sampler and correction."""
 
     name, package, modules = "wandb", "wandb", ("wandb",)
-
-    def __init__(self, tc: "TrackingConfig", first_step: int, run_id: str = ""):
-        self.tc, self.first_step, self.run_id = tc, first_step, run_id
 
     def start(self, cell, params):
         import wandb
@@ -197,7 +201,7 @@ MLFLOW_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACK
 
 
 @register
-class MLflowTracker:
+class MLflowTracker(Backend):
     """An MLflow run in experiment `project` at `mlflow_uri` (a server or a database): the config
     as parameters, one batch of metrics per step, the summary's numbers as metrics and the whole
     summary as the artifact `summary.json`; tags name the cell and its group.
@@ -207,10 +211,7 @@ class MLflowTracker:
     and is reported, one step late."""
 
     name, package, modules = "mlflow", "mlflow", ("mlflow", "mlflow.entities")
-
-    def __init__(self, tc: "TrackingConfig", first_step: int, run_id: str = ""):
-        self.tc, self.first_step, self.run_id = tc, first_step, run_id
-        self.last_step, self.pending = 0, None
+    last_step, pending = 0, None  # the last step sent, and its batch while MLflow's queue holds it
 
     def start(self, cell, params):
         for k, v in MLFLOW_HTTP.items():
