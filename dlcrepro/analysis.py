@@ -46,12 +46,57 @@ def eval_setting(cell_dir: Path, model: str) -> dict:
             "eval_problems": pool if train["eval_on"] == "pool" else task.get("n_test", math.nan)}
 
 
-def collect(summary_paths: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def metrics_problem(cell_dir: Path) -> str | None:
+    """What is wrong with a finished cell's summary.json and metrics.parquet, or None: the table's
+    size and sha256 against what its summary records (`metrics_file`; a summary from before that
+    record: the table must at least read)."""
+    cell_dir = Path(cell_dir)
+    try:
+        s = json.loads((cell_dir / "summary.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"summary.json does not read ({e})"
+    m = cell_dir / "metrics.parquet"
+    if not m.exists():
+        return "metrics.parquet is missing"
+    want = s.get("metrics_file")
+    if want:
+        from .util import file_digest
+
+        got = file_digest(m)
+        if got != {k: want.get(k) for k in ("bytes", "sha256")}:
+            return (f"metrics.parquet is {got['bytes']:,} bytes with sha256 {got['sha256'][:12]}, not the "
+                    f"{want.get('bytes', 0):,} bytes with sha256 {str(want.get('sha256'))[:12]} its summary.json records")
+        return None
+    try:
+        pd.read_parquet(m)
+    except Exception as e:  # noqa: BLE001 - any reader error: the file is not a table
+        return f"metrics.parquet does not read ({type(e).__name__}: {e})"
+    return None
+
+
+def damaged_cells_message(problems: dict[Path, str], rerun: str | None) -> str:
+    """The error `collect` stops with: each damaged cell and why, and the line that reruns them."""
+    lines = [f"collect: {len(problems)} finished cell(s) with a damaged file; nothing was collected:"]
+    lines += [f"  {d}: {why}" for d, why in problems.items()]
+    dirs = " ".join(str(d) for d in problems)
+    lines.append(f"Rerun them: rm -r {dirs} && {rerun}" if rerun else
+                 f"Rerun them: rm -r {dirs}, then the snakemake command that made them (those cells train again, then collect)")
+    return "\n".join(lines)
+
+
+def collect(summary_paths: Iterable[str | Path], rerun: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Read each run's summary.json and the metrics.parquet beside it: (steps, runs), the runs with
-    how their test accuracy was measured where the cell's config.yaml says (`eval_setting`)."""
+    how their test accuracy was measured where the cell's config.yaml says (`eval_setting`). Every
+    cell is checked first (`metrics_problem`): a damaged one stops it with DamagedFileError naming
+    each such cell and the line that reruns them (`rerun`: the snakemake command that made them)."""
+    from .util import DamagedFileError
+
+    summary_paths = [Path(p) for p in summary_paths]
+    problems = {p.parent: why for p in summary_paths if (why := metrics_problem(p.parent))}
+    if problems:
+        raise DamagedFileError(damaged_cells_message(problems, rerun))
     steps, runs = [], []
     for p in summary_paths:
-        p = Path(p)
         s = json.loads(p.read_text())
         m = pd.read_parquet(p.parent / "metrics.parquet")
         for k in RUN:

@@ -88,7 +88,7 @@ def cmd_collect(args) -> int:
     from .analysis import collect
     from .util import atomic_save
 
-    steps, runs = collect(args.summaries)
+    steps, runs = collect(args.summaries, rerun=os.environ.get("DLCREPRO_RERUN_COMMAND"))
     atomic_save(Path(args.out_steps), lambda tmp: steps.to_parquet(tmp, index=False))
     atomic_save(Path(args.out_runs), lambda tmp: runs.to_parquet(tmp, index=False))
     return 0
@@ -251,13 +251,20 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
     args.argv = argv
+    from .checkpoint import BadCheckpoint
     from .config import ConfigError
-    from .util import NonFiniteError
+    from .util import DamagedFileError, DiskFullError, NonFiniteError, disk_full
 
     try:
         return args.fn(args)
-    except (ConfigError, KeyError, FileNotFoundError, NonFiniteError) as e:
+    except (ConfigError, KeyError, FileNotFoundError, NonFiniteError, DiskFullError, DamagedFileError, BadCheckpoint) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk met outside the atomic writers (a log line, a library's cache)
+        full = disk_full(e, Path(e.filename or "a file"))
+        if full is None:
+            raise
+        print(f"error: {full}", file=sys.stderr)
         return 2
 
 

@@ -25,7 +25,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from . import analysis, countdown, data, paths, tracking
+from . import analysis, checkpoint, countdown, data, paths, tracking
 from .cluster import check_device
 from .config import Config, ConfigError, to_dict
 from .corrections import CorrectionParams, TokenTerms, concat_weights, engine_distribution, get_correction, weight_diagnostics
@@ -34,7 +34,7 @@ from .engine import Rollout, VLLMEngine
 from .grid import computed_as, get_sampler
 from .model import TokenBatch, load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
 from .registry import updates_per_batch
-from .util import NonFiniteError, atomic_save, atomic_write_text, log
+from .util import DamagedFileError, NonFiniteError, atomic_save, atomic_write_text, disk_full, log, remove_leftovers
 
 PHASES = ("sync", "sample", "score", "logprobs", "resync", "probe", "correction", "update", "eval", "checkpoint")
 METRICS_FILE, SUMMARY_FILE, CONFIG_FILE, CKPT_FILE, LOG_FILE = (
@@ -279,6 +279,7 @@ class Trainer(Learner):
         self.probe_engine = self.engine if shared else VLLMEngine(str(model_dir), cfg.engine, "bf16", seed)
         self.probe_version = -1
         self.sync_checks: list[dict] = []  # one per checked weight sync: engine, version, discrepancy, seconds
+        self.ckpt_on_disk: dict | None = None  # the sidecar entry of the checkpoint file on disk (checkpoint.save)
         # the engine's top-k log-probs only for a correction whose loss reads its distribution
         # (~20 % of a tiny-model sampling call; on Qwen3 the (N, V) q is the trainer's largest tensor)
         self.topk = cfg.engine.topk if self.correction.needs_q else 0
@@ -437,18 +438,22 @@ class Trainer(Learner):
 
     # ------------------------------------------------------------------ checkpoints
 
-    def save_checkpoint(self, path: Path, cell: Cell) -> None:
+    def save_checkpoint(self, path: Path, cell: Cell, run: dict | None = None) -> None:
+        """The run's state at `path`, with the sidecar that vouches for it (dlcrepro/checkpoint.py);
+        `run`: the run it belongs to (`run_identity`), which a resume must match."""
         blob = {
             "cell": cell.__dict__,
             "policy": self.policy.state_dict(),
             "optimizer": self.opt.state_dict(),
             "sampler": self.sampler_model.state_dict(),
             "torch_rng": torch.get_rng_state(),
+            "run": run,
         }
-        atomic_save(path, lambda tmp: torch.save(blob, tmp))
+        self.ckpt_on_disk = checkpoint.save(path, blob, run, cell.step, self.ckpt_on_disk)
 
-    def load_checkpoint(self, path: Path) -> Cell:
-        blob = torch.load(path, map_location=self.device, weights_only=False)
+    def load_checkpoint(self, path: Path, run: dict | None = None) -> Cell:
+        """The state of a verified checkpoint (of `run`, if given); checkpoint.BadCheckpoint if it is not one."""
+        blob, self.ckpt_on_disk = checkpoint.load(path, run, map_location=self.device)
         self.policy.load_state_dict(blob["policy"])
         self.opt.load_state_dict(blob["optimizer"])
         self.sampler_model.load_state_dict(blob["sampler"])
@@ -527,6 +532,12 @@ def summarize(rows: list[dict], cell: Cell, meta: dict, seconds: dict) -> dict:
     }
 
 
+def run_identity(meta: dict, cfg: Config) -> dict:
+    """What makes a run this run: the cell and its whole config, as its config.yaml records them. A
+    checkpoint is resumed only by the run it names."""
+    return {"cell": meta, "config": to_dict(cfg)}
+
+
 def finished_as(cell: Path, meta: dict, cfg: Config) -> bool:
     """Whether `cell` holds a finished run of exactly this cell (`meta`) under exactly `cfg`."""
     if not ((cell / SUMMARY_FILE).exists() and (cell / METRICS_FILE).exists() and (cell / CONFIG_FILE).exists()):
@@ -546,8 +557,11 @@ def cell_log(path: Path):
 
         def note(msg: str) -> None:
             log(msg)
-            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}\n")
-            f.flush()
+            try:
+                f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}\n")
+                f.flush()
+            except OSError as e:
+                raise (disk_full(e, path) or e) from e
 
         yield note
 
@@ -557,10 +571,13 @@ def copy_cell(src: Path, out: Path, meta: dict, cfg: Config, why: str) -> dict:
     bit (grid.computed_as says why): its metrics table byte for byte, its summary under this cell's
     name with `computed_as` naming the source."""
     t0 = time.perf_counter()
+    damaged = analysis.metrics_problem(src)
+    if damaged:
+        raise DamagedFileError(f"{src}: {damaged}; {out} copies it. Rerun that cell: delete {src} and rerun the same command")
     atomic_write_text(out / CONFIG_FILE, yaml.safe_dump({"cell": meta, "computed_as": str(src), "why": why, "config": to_dict(cfg)}, sort_keys=False))
-    atomic_save(out / METRICS_FILE, lambda tmp: shutil.copyfile(src / METRICS_FILE, tmp))
+    digest = atomic_save(out / METRICS_FILE, lambda tmp: shutil.copyfile(src / METRICS_FILE, tmp))
     ran = json.loads((src / SUMMARY_FILE).read_text())
-    summary = {**ran, **meta, "computed_as": str(src), "why": why}
+    summary = {**ran, **meta, "computed_as": str(src), "why": why, "metrics_file": digest}
     summary["wall_seconds"] = round(time.perf_counter() - t0, 3)
     summary.pop("tracking", None)
     with cell_log(out / LOG_FILE) as note:
@@ -602,13 +619,19 @@ def same_run(cfg: Config, meta: dict, out: Path) -> tuple[Path | None, str]:
     return None, why
 
 
-def start_or_resume(tr: Trainer, ckpt: Path, out: Path, meta: dict, note) -> Cell:
-    """The run's state: from its checkpoint if there is one, else fresh, with θ_0's accuracies
-    measured (where every run's accuracy curve starts). The engines then hold θ_s."""
+def start_or_resume(tr: Trainer, ckpt: Path, out: Path, meta: dict, run: dict, note) -> Cell:
+    """The run's state: from its checkpoint if there is one that verifies as this run's, else fresh,
+    with θ_0's accuracies measured (where every run's accuracy curve starts); a checkpoint that does
+    not verify is set aside, named. The engines then hold θ_s."""
+    cell = None
     if ckpt.exists():
-        cell = tr.load_checkpoint(ckpt)
-        note(f"resuming {out} from step {cell.step}")
-    else:
+        try:
+            cell = tr.load_checkpoint(ckpt, run)
+            note(f"resuming {out} from step {cell.step}")
+        except checkpoint.BadCheckpoint as e:
+            aside = checkpoint.set_aside(ckpt, e.kind)
+            note(f"{e}: set aside as {aside} (delete it once you have looked); starting {out} again from step 0")
+    if cell is None:
         cell = Cell()
         note(f"starting {out}: {meta}")
         cell.initial = tr.evaluate(0)
@@ -620,7 +643,7 @@ def start_or_resume(tr: Trainer, ckpt: Path, out: Path, meta: dict, note) -> Cel
     return cell
 
 
-def train_steps(tr: Trainer, cell: Cell, ckpt: Path, note, desc: str, trackers: tracking.Trackers) -> dict[str, float]:
+def train_steps(tr: Trainer, cell: Cell, ckpt: Path, run: dict, note, desc: str, trackers: tracking.Trackers) -> dict[str, float]:
     """Take the cell's remaining steps, one metrics row each, checkpointing every `ckpt_every`
     steps (not after the last) and sending each finished row to the trackers; the seconds spent
     per phase, summed over these steps."""
@@ -636,7 +659,7 @@ def train_steps(tr: Trainer, cell: Cell, ckpt: Path, note, desc: str, trackers: 
             # run resumed from it keeps), the time itself here once written
             cell.rows[-1]["sec_checkpoint"] = math.nan
             with timer("checkpoint"):
-                tr.save_checkpoint(ckpt, cell)
+                tr.save_checkpoint(ckpt, cell, run)
             cell.rows[-1]["sec_checkpoint"] = timer.sec["checkpoint"]
         trackers.log(cell.step, cell.rows[-1])
         for p_, v in timer.sec.items():
@@ -656,12 +679,12 @@ def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkp
     torch.manual_seed(meta["seed"])
     tr = Trainer(cfg, meta["model"], meta["sampler"], meta["correction"], meta["seed"], mdir)
     setup_sec = time.perf_counter() - t0
-    ckpt = out / CKPT_FILE
-    cell = start_or_resume(tr, ckpt, out, meta, note)
+    ckpt, run = out / CKPT_FILE, run_identity(meta, cfg)
+    cell = start_or_resume(tr, ckpt, out, meta, run, note)
     trackers = tracking.open_trackers(cfg, out, note, first_step=cell.step + 1)
     trackers.start(meta, tracking.cell_params(cfg, meta))
     try:
-        totals = train_steps(tr, cell, ckpt, note, tracking.run_name(meta), trackers)
+        totals = train_steps(tr, cell, ckpt, run, note, tracking.run_name(meta), trackers)
     except BaseException:
         trackers.finish(None)  # the trackers' runs end as failed; the checkpoint is kept
         raise
@@ -669,17 +692,18 @@ def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkp
     if trackers.status:
         totals["tracking"] = trackers.seconds  # starting the trackers and each step's logging
     df = pd.DataFrame(cell.rows)
-    atomic_save(out / METRICS_FILE, lambda tmp: df.to_parquet(tmp, index=False))
+    digest = atomic_save(out / METRICS_FILE, lambda tmp: df.to_parquet(tmp, index=False))
     summary = summarize(cell.rows, cell, meta, totals)
     summary["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    summary["metrics_file"] = digest  # what `collect` checks the table against
     trackers.finish(summary)
     if trackers.status:
         summary["tracking"] = trackers.status
     atomic_write_text(out / SUMMARY_FILE, json.dumps(summary, indent=1))
     if keep_checkpoint:  # the final θ_t and θ_s, e.g. for `python -m dlcrepro scan --checkpoint`
-        tr.save_checkpoint(ckpt, cell)
+        tr.save_checkpoint(ckpt, cell, run)
     else:
-        ckpt.unlink(missing_ok=True)
+        checkpoint.remove(ckpt)
     note(f"finished {out}: {json.dumps({k: summary[k] for k in ('final_test_accuracy', 'noise_floor_multiple', 'resync_steps')})}")
     return summary
 
@@ -701,4 +725,6 @@ def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, 
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / CONFIG_FILE, yaml.safe_dump({"cell": meta, "config": to_dict(cfg)}, sort_keys=False))
     with cell_log(out / LOG_FILE) as note:
+        for tmp in remove_leftovers(out):  # a killed run's half-written file: never a result, only space taken
+            note(f"removed {tmp.name}, left half-written by an earlier run")
         return train_cell(cfg, meta, mdir, out, note, keep_checkpoint)

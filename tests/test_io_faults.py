@@ -3,6 +3,7 @@ a full disk, atomic writes that leave nothing behind, a checkpoint's sidecar tel
 from a cut one, and stopping a process tree."""
 
 import errno
+import json
 
 import pytest
 
@@ -31,3 +32,28 @@ def test_a_failed_atomic_write_leaves_neither_a_temporary_nor_a_final_file(tmp_p
     assert list(tmp_path.iterdir()) == []
     digest = atomic_write_text(tmp_path / "ok.txt", "whole")
     assert digest == file_digest(tmp_path / "ok.txt") and digest["bytes"] == 5
+
+
+def test_a_checkpoints_sidecar_tells_a_whole_file_from_a_cut_one_and_from_another_run(tmp_path):
+    from dlcrepro import checkpoint
+
+    run = {"cell": {"sampler": "stale"}, "config": {"train": {"lr": 0.3}}}
+    path = tmp_path / "checkpoint.pt"
+    first = checkpoint.save(path, {"x": 1}, run, 2, None)
+    second = checkpoint.save(path, {"x": 2}, run, 4, first)
+    assert [f["step"] for f in json.loads(checkpoint.sidecar(path).read_text())["files"]] == [4, 2]
+    assert checkpoint.verify(path, run) == second and checkpoint.verified_step(path) == 4
+    with pytest.raises(checkpoint.BadCheckpoint, match=r"is of another run \(config.train.lr: 0.3 there, 0.15 here\)"):
+        checkpoint.verify(path, {**run, "config": {"train": {"lr": 0.15}}})
+    with open(path, "r+b") as f:
+        f.truncate(second["bytes"] - 1)
+    with pytest.raises(checkpoint.BadCheckpoint, match=r"is damaged \(truncated: ") as bad:
+        checkpoint.verify(path, run)
+    assert bad.value.kind == "damaged" and checkpoint.verified_step(path) is None
+    assert checkpoint.set_aside(path, "damaged") == tmp_path / "checkpoint.pt.damaged"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt.damaged", "checkpoint.pt.damaged.json"]
+    checkpoint.save(path, {"x": 3}, run, 6, None)
+    checkpoint.sidecar(path).unlink()  # a checkpoint nothing vouches for (one written before sidecars existed)
+    with pytest.raises(checkpoint.BadCheckpoint, match=r"has no checkpoint.pt.json beside it") as bad:
+        checkpoint.verify(path, run)
+    assert bad.value.kind == "unverified"

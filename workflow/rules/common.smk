@@ -1,5 +1,6 @@
 # Helpers of the workflow: config validation, the grid table, paths, the fork server. No rule lives here.
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -324,3 +325,19 @@ def stop_fork_server(proc):
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+# ----------------------------------------------------------------------------- collect's rerun line
+
+
+def rerun_command():
+    """This snakemake's command line as typed, for the line `collect` gives to rerun a damaged cell
+    (through the environment, as the fork server's socket: no rule's params change with it)."""
+    argv = list(sys.argv)
+    if argv and argv[0].endswith("__main__.py"):  # python -m snakemake
+        argv[:1] = [sys.executable, "-m", "snakemake"]
+    return shlex.join(argv)
+
+
+if workflow.is_main_process:
+    os.environ.update(DLCREPRO_RERUN_COMMAND=rerun_command())
