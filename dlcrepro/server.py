@@ -15,6 +15,12 @@ The server runs, as its owner, whatever command line and environment a connectin
 so only its owner may connect: the default socket lives in a directory only the owner can enter
 (`private_dir`), and the server checks each connecting process's uid (SO_PEERCRED, which the
 kernel fills in; nothing the client says) and closes any connection from another uid unanswered.
+The client checks the other way: it hands its job only to a server of its own uid (the socket
+file's owner and, again by SO_PEERCRED, the listening process's), never its command line and
+environment to another user's process.
+
+When the server stops (SIGTERM, SIGINT, or the watched process gone) it sends SIGTERM to the jobs
+it forked that still run: no job outlives the snakemake that started the server.
 
 A job falls back to running in its own process, saying so on stderr, when no server answers at
 PATH, when the server refuses its uid or runs another python or another copy of the package, and
@@ -113,9 +119,16 @@ def run_via_server(path: str, argv: list[str]) -> int | None:
         return None  # the allocation's cgroup must hold the work
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
+        owner = os.lstat(path).st_uid
         s.connect(path)
     except OSError as e:
         print(f"dlcrepro: no training server at {path} ({e.strerror}): running in this process", file=sys.stderr)
+        s.close()
+        return None
+    server_uid = peer_uid(s)
+    if not owner == server_uid == os.getuid():  # never hand a command line and environment to another user
+        print(f"dlcrepro: the training server at {path} is not yours (socket of uid {owner}, server of uid {server_uid}; "
+              f"you are uid {os.getuid()}): refused, running in this process", file=sys.stderr)
         s.close()
         return None
     request = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), **_identity()}).encode()
@@ -293,14 +306,26 @@ def serve(path: str, watch_pid: int | None = None, idle_seconds: float | None = 
                 os.unlink(path)
         except OSError:
             pass
-        print(f"dlcrepro serve: stopped after {jobs} jobs", file=sys.stderr, flush=True)
+        running = stop_children()
+        print(f"dlcrepro serve: stopped after {jobs} jobs" + (f", {len(running)} of them stopped running" if running else ""),
+              file=sys.stderr, flush=True)
+
+
+def stop_children() -> list[int]:
+    """SIGTERM the jobs this server forked that still run (its children, as /proc says); their pids."""
+    from .procs import alive, children
+
+    running = [pid for pid in children(os.getpid()) if alive(pid)]
+    for pid in running:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    return running
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """Whether `pid` still runs: a snakemake killed but not yet reaped (a zombie) does not."""
+    from .procs import alive
+
+    return alive(pid)

@@ -2,9 +2,12 @@
 
 import contextlib
 import io
+import json
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -104,33 +107,90 @@ def test_jobs_run_in_their_own_process_without_a_matching_server(served, monkeyp
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="becoming another uid needs root")
 def test_a_connection_from_another_uid_is_refused_and_runs_nothing(served):
-    """The server runs what it is sent as its owner: another uid that reaches the socket gets nothing
-    run, and its job falls back to its own process."""
+    """The server runs what it is sent as its owner: another uid that reaches the socket and sends
+    it a job gets nothing run; that uid's own client does not even send it, and its job falls back
+    to its own process."""
     path, log = served
     n_jobs = len(re.findall(r"job \d+ in pid", log.read_text()))
     r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: become nobody, then hand the server a job
+    if pid == 0:  # the child: become nobody, then hand the server a job, by hand and through the client
         status = 2
         try:
             os.close(r)
             os.setgroups([])
             os.setgid(NOBODY)
             os.setuid(NOBODY)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect(path)
+                request = json.dumps({"argv": ["--help"], "cwd": "/", "env": {}, **server._identity()}).encode()
+                try:
+                    socket.send_fds(s, [server._HEADER.pack(len(request)) + request], [0, 1, 2])
+                    reply = s.recv(server._STATUS.size)
+                except OSError:
+                    reply = b""
             err = io.StringIO()
             with contextlib.redirect_stderr(err):
-                status = 0 if server.run_via_server(path, ["--help"]) is None else 1
+                fell_back = server.run_via_server(path, ["--help"]) is None
             os.write(w, err.getvalue().encode())
+            status = 0 if reply == b"" and fell_back else 1
         finally:
             os._exit(status)
     os.close(w)
     with os.fdopen(r) as f:
         err = f.read()
     _, wait_status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(wait_status) == 0, err  # None: run in its own process
-    assert "refused the connection" in err and "running in this process" in err
+    assert os.waitstatus_to_exitcode(wait_status) == 0, err  # no status came back; the client ran it itself
+    assert f"is not yours (socket of uid 0, server of uid 0; you are uid {NOBODY})" in err and "running in this process" in err
     assert f"refused a connection from uid {NOBODY}" in log.read_text()
     assert len(re.findall(r"job \d+ in pid", log.read_text())) == n_jobs  # nothing forked
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a server of another uid needs root")
+def test_the_client_refuses_a_server_of_another_uid_and_sends_it_nothing(capsys):
+    """The client hands its command line and environment (its tokens, its paths) only to a server of
+    its own uid: a socket another user listens on gets nothing, and the job runs in its own process."""
+    door = Path(tempfile.mkdtemp(prefix="dlcrepro-test-"))
+    door.chmod(0o777)  # nobody may create its socket here
+    path = str(door / "s.sock")
+    ready_r, ready_w = os.pipe()
+    got_r, got_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: nobody's server, counting the bytes a client sends it
+        status = 2
+        try:
+            os.close(ready_r)
+            os.close(got_r)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as ls:
+                ls.bind(path)
+                ls.listen(1)
+                ls.settimeout(60)
+                os.write(ready_w, b"1")
+                conn, _ = ls.accept()
+                conn.settimeout(60)
+                n = 0
+                while chunk := conn.recv(1 << 16):
+                    n += len(chunk)
+            os.write(got_w, str(n).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(ready_w)
+    os.close(got_w)
+    try:
+        assert os.read(ready_r, 1) == b"1"
+        assert server.run_via_server(path, ["--help"]) is None
+        err = capsys.readouterr().err
+        assert f"is not yours (socket of uid {NOBODY}, server of uid {NOBODY}; you are uid 0)" in err and "running in this process" in err
+        with os.fdopen(got_r) as f:
+            received = f.read()
+        assert received == "0", f"the other uid's server received {received} bytes"
+    finally:
+        os.waitpid(pid, 0)
+        shutil.rmtree(door)
 
 
 def test_the_socket_directory_is_private_and_a_lax_one_is_refused(tmp_path, monkeypatch):

@@ -1,0 +1,89 @@
+"""Stopping a process tree at once, as /proc (Linux) shows it: what a stopped snakemake does to its
+jobs and the fork server (workflow/rules/common.smk), and the fork server to its children.
+
+Stdlib only: the Snakefile imports it from the checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of a process, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # the name, in parentheses, may hold spaces
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[1])
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (st := _stat(int(name))) is not None and st[1] == pid:
+            out.append(int(name))
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`: its children, theirs, and so on (one pass over /proc)."""
+    below: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (st := _stat(int(name))) is not None:
+            below.setdefault(st[1], []).append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        kids = below.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie, dead but not yet reaped, does not)."""
+    st = _stat(pid)
+    return st is not None and st[0] != "Z"
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_descendants(root: int | None = None, grace: float = 5.0, poll: float = 0.2) -> threading.Thread:
+    """SIGTERM every process below `root` (default: this one) now, then, in a daemon thread until
+    this process exits, any that appears below it later; SIGKILL what still runs `grace` seconds
+    after its SIGTERM. A process once signalled is followed even when its parent is gone (a fork
+    server's child is re-parented when the server exits first). The thread is returned."""
+    root = os.getpid() if root is None else root
+    signalled: dict[int, float] = {}
+
+    def sweep() -> None:
+        now = time.monotonic()
+        for pid in descendants(root):
+            if pid not in signalled:
+                _kill(pid, signal.SIGTERM)
+                signalled[pid] = now
+        for pid, t in list(signalled.items()):
+            if not alive(pid):
+                del signalled[pid]
+            elif now - t > grace:
+                _kill(pid, signal.SIGKILL)
+
+    def keep_sweeping() -> None:
+        while True:
+            time.sleep(poll)
+            sweep()
+
+    sweep()
+    t = threading.Thread(target=keep_sweeping, name="stop-descendants", daemon=True)
+    t.start()
+    return t
