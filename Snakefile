@@ -28,6 +28,7 @@ FORK_SERVER = []
 onstart:
     show_plan(on_cluster=not workflow.local_exec)
     FORK_SERVER.append(start_fork_server())
+    stop_on_signals()
 
 
 onsuccess:
@@ -36,6 +37,7 @@ onsuccess:
 
 onerror:
     stop_fork_server(FORK_SERVER[0] if FORK_SERVER else None)
+    stopped_message()
 
 
 rule all:

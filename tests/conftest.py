@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,26 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"
+
+
+def slowdown() -> float:
+    """How many times slower than idle this machine runs now: its 1-minute load per core, at least 1.
+    Waits in tests are nominal seconds (an idle 2-core machine) times this, never a fixed sleep."""
+    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
+def wait_for(what: str, ready, nominal: float, proc=None, poll: float = 0.1):
+    """Poll `ready()` until it returns something true, and return that. Fails, naming `what`, after
+    `nominal` seconds times the largest `slowdown()` seen, or as soon as `proc` (a Popen) has ended."""
+    start, factor = time.monotonic(), slowdown()
+    while not (value := ready()):
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"waiting for {what}: the process ended first (exit status {proc.returncode})")
+        factor = max(factor, slowdown())
+        if time.monotonic() - start > nominal * factor:
+            raise AssertionError(f"waiting for {what}: not within {nominal} s x {factor:.1f} (load per core)")
+        time.sleep(poll)
+    return value
 
 
 @pytest.fixture(scope="session")

@@ -4,9 +4,15 @@ from a cut one, and stopping a process tree."""
 
 import errno
 import json
+import subprocess
+import sys
+import time
 
 import pytest
 
+from conftest import ROOT, wait_for
+
+from dlcrepro import procs
 from dlcrepro.util import DiskFullError, atomic_save_stream, atomic_write_text, disk_full, file_digest
 
 
@@ -57,3 +63,26 @@ def test_a_checkpoints_sidecar_tells_a_whole_file_from_a_cut_one_and_from_anothe
     with pytest.raises(checkpoint.BadCheckpoint, match=r"has no checkpoint.pt.json beside it") as bad:
         checkpoint.verify(path, run)
     assert bad.value.kind == "unverified"
+
+
+# a process with a child that ignores SIGTERM and a grandchild: stopping what is below it must come
+# to SIGKILL for the child
+TREE = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import signal, subprocess; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); subprocess.Popen([\"sleep\", \"600\"]).wait()']); time.sleep(600)")
+
+
+def test_stopping_a_tree_ends_every_process_below_even_one_that_ignores_sigterm():
+    top = subprocess.Popen([sys.executable, "-c", TREE])  # stands for snakemake: what is below it goes, it stays
+    try:
+        below = wait_for("the tree below", lambda: d if len(d := procs.descendants(top.pid)) == 2 else None, 20)
+        # from a process of its own, as snakemake's handler does (its sweeping thread lives as long as it)
+        stopper = subprocess.Popen([sys.executable, "-c", f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from dlcrepro import procs; "
+                                    f"procs.stop_descendants({top.pid}, grace=0.5); time.sleep(5)"])
+        t0 = time.monotonic()
+        wait_for("the tree below gone", lambda: not any(procs.alive(p) for p in below), 5)
+        print(f"gone in {time.monotonic() - t0:.1f} s")
+        assert procs.alive(top.pid)
+        stopper.wait(timeout=30)
+    finally:
+        top.kill()
+        top.wait()

@@ -13,7 +13,7 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 # The package's torch-free modules, from this checkout (the Snakemake env need not have it installed).
 sys.path.insert(0, str(Path(workflow.basedir).resolve()))
-from dlcrepro import cluster, tracking
+from dlcrepro import cluster, procs, tracking
 from dlcrepro.config import build as build_config
 from dlcrepro.config import with_base
 from dlcrepro.grid import computed_as
@@ -341,3 +341,46 @@ def rerun_command():
 
 if workflow.is_main_process:
     os.environ.update(DLCREPRO_RERUN_COMMAND=rerun_command())
+
+
+# ----------------------------------------------------------------------------- stopping
+# SIGTERM, SIGINT or SIGHUP to this snakemake on the local executor: every job and the fork server
+# stop within seconds, then snakemake leaves through its own Ctrl-C path, which marks the running
+# jobs failed (their outputs removed) and releases its lock. Left to Snakemake, SIGTERM and SIGINT
+# wait for the running jobs to finish (a whole cell), and SIGHUP kills it with its lock held and
+# its jobs running. Installed at onstart (Snakemake sets its own SIGTERM handler just before).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOPPED_BY = []
+
+
+def say(text):
+    """A line on stderr, safe inside a signal handler (no buffered stream to re-enter), and
+    harmless when stderr is gone (a hung-up terminal)."""
+    try:
+        os.write(2, f"{text}\n".encode())
+    except OSError:
+        pass
+
+
+def stop_now(signum, frame):
+    if STOPPED_BY:  # a second signal while stopping: the first one's stop is under way
+        return
+    STOPPED_BY.append(signal.Signals(signum).name)
+    say(f"snakemake got {STOPPED_BY[0]}: stopping every job and the fork server now")
+    procs.stop_descendants()  # jobs, their processes, the fork server and the jobs it forked
+    raise KeyboardInterrupt
+
+
+def stop_on_signals():
+    if workflow.is_main_process and workflow.local_exec:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, stop_now)
+
+
+def stopped_message():
+    """What happened and what to do, as snakemake ends after a stop signal (onerror)."""
+    if STOPPED_BY:
+        say(
+            f"Stopped on {STOPPED_BY[0]}: no job and no fork server of this run is left running, and its "
+            "lock is released. To go on, rerun the same command: each cell resumes from its last checkpoint."
+        )
