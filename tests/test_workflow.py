@@ -130,3 +130,45 @@ def test_smoke_pipeline_end_to_end_then_one_cell_reruns_alone(tmp_path):
     p = snakemake("-n", "--configfile", str(tmp_path / "lr.yaml"), "--quiet", "rules")
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
     assert jobs.get("train") == "28" and "warmstart" not in jobs, p.stdout + p.stderr
+
+
+def test_snakemake_scaling_writes_its_own_scans_table_and_leaves_the_committed_one_alone(tmp_path):
+    """`snakemake scaling` draws the table and figure of its own scan beside the scan's rows
+    (results/scaling/), never over the committed paper_tables/scaling.* and figures/scaling.*, which
+    combine three scans. The scan's rows are made up here (the scan itself: tests/test_scan.py), so
+    only the rule that draws them runs."""
+    import numpy as np
+
+    out = {"results_dir": tmp_path / "results", "figures_dir": tmp_path / "figures",
+           "tables_dir": tmp_path / "tables", "artifacts": tmp_path / "artifacts"}
+    committed = [ROOT / "paper_tables" / f"scaling.{e}" for e in ("md", "csv", "tex")] + [ROOT / "paper_tables" / "scaling_fit.csv"]
+    committed += [ROOT / "figures" / f"scaling.{e}" for e in ("png", "pdf")]
+    for f in committed:  # the committed files, where this run's tables and figures would go
+        dest = out["tables_dir" if f.parent.name == "paper_tables" else "figures_dir"] / f.name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, dest)
+    cfg = [f"{k}={v}" for k, v in out.items()]
+    p = snakemake("-n", "--configfile", "configs/smoke.yaml", "--config", *cfg, "--quiet", "rules", "--", "scaling")
+    assert p.returncode == 0, p.stderr[-3000:]  # the dry run writes results/_config/, the scan's input
+    model = out["artifacts"] / "tiny" / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")  # a warm start newer than its input: not redone
+    (out["artifacts"] / "tiny" / "warmstart.json").write_text("{}")
+    rng = np.random.default_rng(0)
+    rows = [{"model": "tiny", "theta": "warm start", "sampler": "fp8", "correction": c, "prompts": n, "responses": 4, "rep": r,
+             "tokens": 30.0 * n, "dev": float(rng.gamma(20, 1 / 20)), "floor": float(rng.gamma(20, 1 / 20))}
+            for c in ("pg", "center") for n in (8, 16) for r in range(4)]
+    scan = out["results_dir"] / "scaling" / "tiny" / "fp8" / "scan.parquet"
+    scan.parent.mkdir(parents=True)
+    pd.DataFrame(rows).to_parquet(scan, index=False)
+
+    p = snakemake("--cores", "1", "--configfile", "configs/smoke.yaml", "--config", *cfg, "--", "scaling")
+    assert p.returncode == 0, p.stderr[-3000:]
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
+    assert jobs.get("scaling") == "1" and "scaling_scan" not in jobs, p.stderr[-3000:]
+    own = out["results_dir"] / "scaling"
+    assert list(pd.read_csv(own / "scaling.csv")["correction"].unique()) == ["pg", "center"]
+    assert (own / "scaling.png").stat().st_size > 0 and (own / "scaling_fit.csv").exists()
+    for f in committed:
+        dest = out["tables_dir" if f.parent.name == "paper_tables" else "figures_dir"] / f.name
+        assert dest.read_bytes() == f.read_bytes(), f"{dest.name} was rewritten"

@@ -1,6 +1,8 @@
 # The noise-floor multiple against batch size at the warm start (dlcrepro/scan.py). Not part of the
-# default target: `snakemake scaling`. One scan job per model and sampler; the table and figure
-# are redrawn from the scans' raw rows.
+# default target: `snakemake scaling`. One scan job per model and sampler; the table and figure of
+# this scan are drawn from its raw rows into results/scaling/, beside them. The committed
+# paper_tables/scaling.* and figures/scaling.* combine three scans (docs/results.md) and are
+# redrawn from all three with `python -m dlcrepro scan --redraw`, never by this rule.
 
 SCALING_SAMPLERS = ["fp8"]
 # prompts per batch (the tiny study's RL pool has 64 problems); responses per prompt: the config's
@@ -71,17 +73,15 @@ rule scaling:
             sampler=SCALING_SAMPLERS,
         ),
     output:
-        [f"{TABLES}/scaling.{ext}" for ext in ("md", "csv", "tex")],
-        f"{TABLES}/scaling_fit.csv",
-        [f"{FIGURES}/scaling.{ext}" for ext in ("png", "pdf")],
+        [f"{SCALING}/scaling.{ext}" for ext in ("md", "csv", "tex")],
+        f"{SCALING}/scaling_fit.csv",
+        [f"{SCALING}/scaling.{ext}" for ext in ("png", "pdf")],
     log:
         f"{LOGS}/scaling.log",
     conda:
         ANALYSIS_ENV
     params:
         python=PYTHON,
-        tables=lambda wildcards, output: str(Path(output[0]).parent),
-        figures=output_parent,
+        out=output_parent,
     shell:
-        "{params.python} -m dlcrepro scan --redraw {input} --tables-out {params.tables} --figures-out {params.figures} "
-        "--name scaling > {log} 2>&1"
+        "{params.python} -m dlcrepro scan --redraw {input} --out {params.out} --name scaling > {log} 2>&1"
