@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -105,7 +106,9 @@ def test_a_stop_signal_to_snakemake_stops_every_job_and_the_fork_server_and_the_
     assert any(b"serve" in Path(f"/proc/{p}/cmdline").read_bytes() for p in tree if procs.alive(p)), "no fork server running"
 
     proc.send_signal(sig)
+    t0 = time.monotonic()
     wait_for("every job and the fork server gone", lambda: not any(procs.alive(p) for p in tree), 10)
+    print(f"{sig.name}: {len(tree)} processes gone {time.monotonic() - t0:.1f} s after the signal")
     proc.wait(timeout=60)
     out = (tmp_path / "run.out").read_text()
     assert proc.returncode != 0, out[-3000:]

@@ -82,6 +82,7 @@ def test_stopping_a_tree_ends_every_process_below_even_one_that_ignores_sigterm(
         wait_for("the tree below gone", lambda: not any(procs.alive(p) for p in below), 5)
         print(f"gone in {time.monotonic() - t0:.1f} s")
         assert procs.alive(top.pid)
+        stopper.kill()  # it would sweep on for seconds; nothing is left below
         stopper.wait(timeout=30)
     finally:
         top.kill()
