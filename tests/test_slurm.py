@@ -8,12 +8,13 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 import yaml
 
-from conftest import ROOT, SMOKE
+from conftest import ROOT, SMOKE, wait_for
+
+from dlcrepro.checkpoint import verified_step
 
 pytestmark = pytest.mark.slurm
 
@@ -75,6 +76,17 @@ def run(cmd, timeout=900):
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
+def cell_jobs(cell, *states):
+    """The Slurm jobs of this checkout that train `cell` (its work directory and the plugin's comment
+    naming the rule and wildcards): another run sharing the cluster keeps its jobs."""
+    model, sampler, correction, seed = cell.parts[-4], cell.parts[-3], cell.parts[-2], cell.name.removeprefix("seed")
+    comment = f"rule_train_wildcards_{model}_{sampler}_{correction}_{seed}"
+    args = ["-t", ",".join(states)] if states else []
+    lines = subprocess.run(["squeue", "-h", *args, "-o", "%i|%Z|%k"], capture_output=True, text=True).stdout.splitlines()
+    return [i for i, workdir, note in (line.split("|", 2) for line in lines if line.count("|") >= 2)
+            if workdir == str(ROOT) and note == comment]
+
+
 def job_counts(text):
     return {k: int(v) for k, v in re.findall(r"^(\w+)\s+(\d+)$", text, re.M)}
 
@@ -121,12 +133,8 @@ def test_scancel_mid_run_fails_the_job_and_the_rerun_resumes_from_its_checkpoint
     cfg = smoke_variant(tmp_path, train={"steps": 12, "ckpt_every": 2, "eval_every": 4})
     cmd = slurm_cmd(snakemake_slurm, config, target, extra=("--retries", "0"), configfile=cfg)
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 600
-    while not (cell / "checkpoint.pt").exists():
-        assert proc.poll() is None and time.time() < deadline, "the job ended before its first checkpoint"
-        time.sleep(0.2)
-    jobs = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True).stdout.split("\n")
-    train_jobs = [j.split()[0] for j in jobs if j.strip()]
+    wait_for("the job's first checkpoint on disk", lambda: verified_step(cell / "checkpoint.pt"), 300, proc)
+    train_jobs = cell_jobs(cell)
     assert train_jobs, "no Slurm job to cancel"
     subprocess.run(["scancel", *train_jobs], check=True)
     output, _ = proc.communicate(timeout=600)
@@ -151,12 +159,11 @@ def test_requeued_job_resumes_from_its_checkpoint_under_the_same_job_id(slurm_cl
     cfg = smoke_variant(tmp_path, train={"steps": 12, "ckpt_every": 2, "eval_every": 4})
     cmd = slurm_cmd(snakemake_slurm, config, target, extra=("--retries", "0", "--slurm-requeue"), configfile=cfg)
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 600
-    while not (cell / "checkpoint.pt").exists():
-        assert proc.poll() is None and time.time() < deadline, "the job ended before its first checkpoint"
-        time.sleep(0.2)
-    running = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i"], capture_output=True, text=True).stdout.split()
-    assert len(running) == 1, running  # the training job (the warm start has finished)
+    # requeued once its first checkpoint is whole on disk (the sidecar vouches for its bytes): then
+    # the requeued run has a step to resume from, whatever the machine's speed
+    reached = wait_for("the job's first checkpoint on disk", lambda: verified_step(cell / "checkpoint.pt"), 300, proc)
+    running = cell_jobs(cell, "RUNNING")
+    assert len(running) == 1, running  # the cell's training job
     job = running[0]
     shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
     assert "Requeue=1" in shown, shown
@@ -164,7 +171,8 @@ def test_requeued_job_resumes_from_its_checkpoint_under_the_same_job_id(slurm_cl
     output, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, output[-4000:]
     log = (cell / "train.log").read_text()
-    assert re.search(r"resuming .* from step [1-9]", log), log
+    resumed = re.search(r"resuming .* from step (\d+)", log)
+    assert resumed and int(resumed.group(1)) >= reached, log
     assert log.count(f"SLURM_JOB_ID={job}") == 2, log  # both runs, one job
     assert target.exists()
 
