@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,23 @@ def wait_for(what: str, ready, nominal: float, proc=None, poll: float = 0.1):
             raise AssertionError(f"waiting for {what}: not within {nominal} s x {factor:.1f} (load per core)")
         time.sleep(poll)
     return value
+
+
+@contextmanager
+def stopped_after(proc, stop=signal.SIGTERM, timeout: float = 120):
+    """The block with `proc` (a Popen); if it still runs when the block ends (a failed assertion),
+    `stop` is sent (SIGTERM: snakemake stops its jobs and fork server; SIGINT: the Slurm executor
+    cancels its jobs), then SIGKILL after `timeout` seconds: a failed test leaves nothing running."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(stop)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import ROOT, SMOKE, wait_for
+from conftest import ROOT, SMOKE, stopped_after, wait_for
 
 from dlcrepro import procs
 from dlcrepro.checkpoint import sidecar, verified_step
@@ -45,9 +45,26 @@ def run(cmd, **kw):
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800, env=ENV, **kw)
 
 
-def start(cmd, out: Path, **kw) -> subprocess.Popen:
-    """Start `cmd` with its output into the file `out` (a pipe left unread would stall it)."""
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=open(out, "w"), stderr=subprocess.STDOUT, text=True, env=ENV, **kw)
+STARTED: list[subprocess.Popen] = []
+
+
+def start(cmd, out: Path, track: bool = True, **kw) -> subprocess.Popen:
+    """Start `cmd` with its output into the file `out` (a pipe left unread would stall it); stopped
+    at the test's end if it still runs then (`track`)."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=open(out, "w"), stderr=subprocess.STDOUT, text=True, env=ENV, **kw)
+    if track:
+        STARTED.append(proc)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running():
+    """A failed test leaves nothing running: what it started and did not end gets SIGTERM (a
+    snakemake then stops its jobs and its fork server), then SIGKILL."""
+    yield
+    while STARTED:
+        with stopped_after(STARTED.pop()):
+            pass
 
 
 def metrics(d: Path) -> dict:
@@ -133,7 +150,7 @@ def server(study):
 
     path = str(private_dir() / f"faults-{os.getpid()}.sock")
     log = study[0] / "faults-server.log"
-    proc = start([sys.executable, "-m", "dlcrepro", "serve", "--socket", path, "--watch-pid", str(os.getpid())], log)
+    proc = start([sys.executable, "-m", "dlcrepro", "serve", "--socket", path, "--watch-pid", str(os.getpid())], log, track=False)
     wait_for("the fork server's socket", lambda: os.path.exists(path), 60, proc)
     yield path
     proc.send_signal(signal.SIGTERM)

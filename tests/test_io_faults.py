@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, wait_for
+from conftest import ROOT, stopped_after, wait_for
 
 from dlcrepro import procs
 from dlcrepro.util import DiskFullError, atomic_save_stream, atomic_write_text, disk_full, file_digest
@@ -87,3 +87,11 @@ def test_stopping_a_tree_ends_every_process_below_even_one_that_ignores_sigterm(
     finally:
         top.kill()
         top.wait()
+
+
+def test_a_failed_test_leaves_nothing_running():
+    proc = subprocess.Popen(["sleep", "600"])
+    with pytest.raises(AssertionError):
+        with stopped_after(proc):
+            raise AssertionError("a test failing while its process runs")
+    assert proc.returncode is not None

@@ -6,13 +6,14 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
 import pytest
 import yaml
 
-from conftest import ROOT, SMOKE, wait_for
+from conftest import ROOT, SMOKE, stopped_after, wait_for
 
 from dlcrepro.checkpoint import verified_step
 
@@ -132,12 +133,12 @@ def test_scancel_mid_run_fails_the_job_and_the_rerun_resumes_from_its_checkpoint
     target = cell / "summary.json"
     cfg = smoke_variant(tmp_path, train={"steps": 12, "ckpt_every": 2, "eval_every": 4})
     cmd = slurm_cmd(snakemake_slurm, config, target, extra=("--retries", "0"), configfile=cfg)
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for("the job's first checkpoint on disk", lambda: verified_step(cell / "checkpoint.pt"), 300, proc)
-    train_jobs = cell_jobs(cell)
-    assert train_jobs, "no Slurm job to cancel"
-    subprocess.run(["scancel", *train_jobs], check=True)
-    output, _ = proc.communicate(timeout=600)
+    with stopped_after(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), signal.SIGINT) as proc:
+        wait_for("the job's first checkpoint on disk", lambda: verified_step(cell / "checkpoint.pt"), 300, proc)
+        train_jobs = cell_jobs(cell)
+        assert train_jobs, "no Slurm job to cancel"
+        subprocess.run(["scancel", *train_jobs], check=True)
+        output, _ = proc.communicate(timeout=600)
     assert proc.returncode != 0, output[-3000:]  # reported failed
     assert not target.exists() and (cell / "checkpoint.pt").exists()
 
@@ -158,17 +159,17 @@ def test_requeued_job_resumes_from_its_checkpoint_under_the_same_job_id(slurm_cl
     target = cell / "summary.json"
     cfg = smoke_variant(tmp_path, train={"steps": 12, "ckpt_every": 2, "eval_every": 4})
     cmd = slurm_cmd(snakemake_slurm, config, target, extra=("--retries", "0", "--slurm-requeue"), configfile=cfg)
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    # requeued once its first checkpoint is whole on disk (the sidecar vouches for its bytes): then
-    # the requeued run has a step to resume from, whatever the machine's speed
-    reached = wait_for("the job's first checkpoint on disk", lambda: verified_step(cell / "checkpoint.pt"), 300, proc)
-    running = cell_jobs(cell, "RUNNING")
-    assert len(running) == 1, running  # the cell's training job
-    job = running[0]
-    shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
-    assert "Requeue=1" in shown, shown
-    subprocess.run(["scontrol", "requeue", job], check=True)
-    output, _ = proc.communicate(timeout=900)
+    with stopped_after(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), signal.SIGINT) as proc:
+        # requeued once its first checkpoint is whole on disk (the sidecar vouches for its bytes): then
+        # the requeued run has a step to resume from, whatever the machine's speed
+        reached = wait_for("the job's first checkpoint on disk", lambda: verified_step(cell / "checkpoint.pt"), 300, proc)
+        running = cell_jobs(cell, "RUNNING")
+        assert len(running) == 1, running  # the cell's training job
+        job = running[0]
+        shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+        assert "Requeue=1" in shown, shown
+        subprocess.run(["scontrol", "requeue", job], check=True)
+        output, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, output[-4000:]
     log = (cell / "train.log").read_text()
     resumed = re.search(r"resuming .* from step (\d+)", log)
