@@ -410,7 +410,7 @@ def validate(cfg: Config) -> Config:
         got = getattr(cfg.engine, key)
         if got != want:
             raise ConfigError(
-                f"engine.{key}={got!r} breaks the infrastructure alignment of SPEC.md "
+                f"engine.{key}={got!r} breaks the infrastructure alignment (docs/method.md#infrastructure-alignment) "
                 f"(the engine must report the distribution it samples from); it must be {want!r}"
             )
     if cfg.task.source == "parquet" and not cfg.task.path:
