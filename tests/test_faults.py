@@ -316,6 +316,11 @@ def test_two_studies_at_once_finish_each_through_its_own_fork_server_and_a_secon
         proc.wait(timeout=1800)
         assert proc.returncode == 0, (tmp_path / f"{d.name}.out").read_text()[-4000:]
         log = (d / "results" / "_logs" / "fork_server.log").read_text()
-        assert f"snakemake-{proc.pid}.sock" in log and re.search(r"job \d+ in pid", log), log  # its own server forked its job
+        own = f"snakemake-{proc.pid}.sock"
+        assert own in log, log  # each study started its own server
+        # its job went to its own study's server; or, where that server was still importing when the
+        # job started (67 s once at load 10), ran in its own process saying so, never to the other's
+        job_log = (d / "results" / "_logs" / "train" / "tiny" / CELLS[0][0] / CELLS[0][1] / "seed0.log").read_text()
+        assert re.search(r"job \d+ in pid", log) or f"no training server at" in job_log and own in job_log, (log, job_log)
         got = pd.read_parquet(cell(d, *CELLS[0]) / "metrics.parquet")
         assert_same_cells({CELLS[0]: got}, {CELLS[0]: study[1][CELLS[0]]})
