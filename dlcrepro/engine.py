@@ -251,16 +251,16 @@ class Precision:
 
 
 # The sync check (`VLLMEngine.check_sync`): after each weight load the engine teacher-forces a few
-# short sequences, and its mean |log q − log π| per token against the trainer's weights of the
-# version pushed must not exceed the precision's `sync_bound`. Measured on the smoke config's tiny
-# model (bench/sync_check.py, docs/measurements.md "The weight-sync check": 10 RL steps, rollout
-# and prompt sequences), a correct sync gave at most 0.013 in bf16 and 0.070 in emulated FP8;
-# weights zeroed, vLLM's dummy init or another model's gave at least 2.63 (a 32-token vocabulary:
-# uniform log-probs are only log 32 = 3.5 nats off; on Qwen3's they are log 151,936 = 11.9). The
-# bounds, 0.1 and 0.5, are about 7x the largest correct value: room for the paper models' larger
-# rounding, which could not be measured here (no GPU), still at least 5x below the smallest broken
-# value. The native FP8 engine takes the FP8 bound: it differs from the emulation by about one FP8
-# rounding (tests/test_fp8_native.py).
+# short sequences, and its mean |log q − log π| per token (on the tokens the trainer gives π ≥
+# CHECK_MIN_PROB) against the trainer's weights of the version pushed must not exceed the
+# precision's `sync_bound`. Measured on the tiny model: weights zeroed, vLLM's dummy init or another
+# model's gave at least 2.63 (bench/sync_check.py; a 32-token vocabulary: uniform log-probs are only
+# log 32 = 3.5 nats off; on Qwen3's they are log 151,936 = 11.9). Correct syncs: at most 0.085 (bf16)
+# and 0.20 (emulated fp8) over 3,244 checks of the tiny study's rerun, but 0.35 (bf16) in a collapsed
+# fp8_stale/is run whose logits had grown large (BF16 rounds a large logit coarsely; docs/measurements.md
+# "The weight-sync check"). The bound, 1.0 for both, is ~3x the largest correct value seen and 2.6x
+# below the smallest broken one. It no longer tells a sync stale by one update from a correct one
+# (0.08-0.33 at lr 0.3): what it catches is weights that are not the trainer's at all.
 CHECK_SEQS = 4  # sequences teacher-forced per check
 CHECK_TOKENS = 32  # response tokens scored per sequence, at most
 CHECK_MIN_PROB = 1e-3  # the check compares the tokens the trainer gives at least this probability
@@ -277,11 +277,11 @@ def _as_dtype(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, t
 
 
 PRECISIONS: dict[str, Precision] = {
-    "bf16": Precision("bf16", _as_dtype, sync_bound=0.1),
+    "bf16": Precision("bf16", _as_dtype, sync_bound=1.0),
     "fp8": Precision(
         "fp8",
         quant.fp8_emulated_state_dict,
-        sync_bound=0.5,
+        sync_bound=1.0,
         fp8_activations=True,
         native_transform=quant.fp8_checkpoint_state_dict,
         # vLLM's block-FP8 linear method (Fp8Config with weight_block_size): it allocates FP8 `weight`
