@@ -397,6 +397,9 @@ class Trainer(Learner):
                 # moved, so θ_s's distribution comes from the sampler's copy even when it was synced
                 g_u = g_c if u == 0 else self.correction_grad(s, rollout, e, lp, False, None)[0]
                 self._apply(g_u)
+            # a diverged run (a later PPO epoch's gradient, or a step that overflows θ) stops here,
+            # naming the cause, instead of writing a row whose dev is NaN and ending "finished"
+            check_weights_finite(k, self.params, updates)
             if updates > 1:  # the run's update direction over all its SGD steps
                 g_c = (theta_before - flat_params(self.params)) / t.lr
         cell.step = k
@@ -477,6 +480,16 @@ def check_finite(step: int, row: dict) -> None:
     for col, v in row.items():
         if isinstance(v, float) and (math.isinf(v) or (math.isnan(v) and col not in MAY_BE_NAN)):
             raise NonFiniteError(f"step {step}: {col} is {v}; the run stops here (its last checkpoint is kept)")
+
+
+def check_weights_finite(step: int, params: list[torch.Tensor], updates: int) -> None:
+    """Raise NonFiniteError if any trained weight is NaN or infinite after the step's update: the run
+    diverged. One pass over the weights, no copy (a Qwen3 step's memory stays as planned)."""
+    if not all(bool(torch.isfinite(p).all()) for p in params):
+        raise NonFiniteError(
+            f"step {step}: the policy's weights are not finite after its update ({updates} SGD step(s)): "
+            "the run diverged and stops here (its last checkpoint is kept)"
+        )
 
 
 EVAL_COLUMNS = ("accuracy_greedy", "accuracy_sampled", "heldout_accuracy_greedy", "test_accuracy")

@@ -203,3 +203,16 @@ def test_a_non_finite_metric_stops_the_run_naming_step_and_column():
         check_finite(3, {"reward_mean": -0.5, "ess_lag": float("nan")})
     with pytest.raises(NonFiniteError, match=r"step 7: update direction is inf"):
         check_finite(7, {"update direction": float("inf")})
+
+
+def test_weights_that_went_non_finite_in_an_update_stop_the_run_naming_the_divergence():
+    import torch
+
+    from dlcrepro.train import NonFiniteError, check_weights_finite
+
+    weights = [torch.ones(3, 2), torch.zeros(4)]
+    check_weights_finite(9, weights, 4)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        weights[1][2] = bad
+        with pytest.raises(NonFiniteError, match=r"step 9: the policy's weights are not finite after its update \(4 SGD step\(s\)\): the run diverged"):
+            check_weights_finite(9, weights, 4)
