@@ -484,7 +484,8 @@ def check_finite(step: int, row: dict) -> None:
 
 def check_weights_finite(step: int, params: list[torch.Tensor], updates: int) -> None:
     """Raise NonFiniteError if any trained weight is NaN or infinite after the step's update: the run
-    diverged. One pass over the weights, no copy (a Qwen3 step's memory stays as planned)."""
+    diverged. One pass over the weights, a tensor at a time (its boolean mask, 1 byte per weight, is
+    freed before the next), after the step's activations are gone."""
     if not all(bool(torch.isfinite(p).all()) for p in params):
         raise NonFiniteError(
             f"step {step}: the policy's weights are not finite after its update ({updates} SGD step(s)): "

@@ -321,6 +321,6 @@ def test_two_studies_at_once_finish_each_through_its_own_fork_server_and_a_secon
         # its job went to its own study's server; or, where that server was still importing when the
         # job started (67 s once at load 10), ran in its own process saying so, never to the other's
         job_log = (d / "results" / "_logs" / "train" / "tiny" / CELLS[0][0] / CELLS[0][1] / "seed0.log").read_text()
-        assert re.search(r"job \d+ in pid", log) or f"no training server at" in job_log and own in job_log, (log, job_log)
+        assert re.search(r"job \d+ in pid", log) or "no training server at" in job_log and own in job_log, (log, job_log)
         got = pd.read_parquet(cell(d, *CELLS[0]) / "metrics.parquet")
         assert_same_cells({CELLS[0]: got}, {CELLS[0]: study[1][CELLS[0]]})
