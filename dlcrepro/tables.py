@@ -74,7 +74,9 @@ def accuracy_table(pr: pd.DataFrame, n_boot: int = 1000) -> pd.DataFrame:
     s["at step 0"] = [_fmt(m) for m in s["mean_start"]]
     s["final (mean [95 % CI])"] = [_ci_text(m, lo, hi) for m, lo, hi in zip(s["mean"], s["ci_low"], s["ci_high"])]
     s["rise (mean [95 % CI])"] = [_ci_text(m, lo, hi) for m, lo, hi in zip(s["mean_rise"], s["ci_low_rise"], s["ci_high_rise"])]
-    per_seed = pr.sort_values("seed").groupby(A.CELL)["final_test_accuracy"].apply(lambda x: "/".join(_fmt(v) for v in x)).rename("final per seed")
+    pr = pr.assign(_final=[_fmt(a) + (f" (diverged at {int(d)})" if d == d else "")
+                           for a, d in zip(pr["final_test_accuracy"], pr.get("diverged_at_step", pd.Series(math.nan, index=pr.index)))])
+    per_seed = pr.sort_values("seed").groupby(A.CELL)["_final"].apply("/".join).rename("final per seed")
     s = s.merge(per_seed.reset_index(), on=A.CELL, how="left")
     s["paper"] = [PAPER_ACCURACY.get((a, b), "") for a, b in zip(s["sampler"], s["correction"])]
     return s[A.CELL + ["at step 0", "final (mean [95 % CI])", "rise (mean [95 % CI])", "final per seed", "paper", "mean", "ci_low", "ci_high"]]
@@ -123,7 +125,8 @@ def zoo_table(steps: pd.DataFrame, pr: pd.DataFrame, n_boot: int = 1000) -> pd.D
     diag = {"corr_clipped_share": "mean", "corr_masked_share": "mean", "corr_weight_max": "max"}
     have = [c for c in diag if c in steps.columns]
     d = steps.groupby(A.CELL)[have].agg({c: diag[c] for c in have}).reset_index() if have else steps[A.CELL].drop_duplicates()
-    t = t.merge(d, on=A.CELL, how="left")
+    t = t.merge(d, on=A.CELL, how="left").merge(diverged_runs(pr), on=A.CELL, how="left")
+    t["M (mean [95 % CI])"] = t["M (mean [95 % CI])"].fillna("n/a")  # a cell without a metrics row: every run diverged at step 1
     rows = []
     for _, g in t.groupby(["model", "sampler"], sort=True):
         g = g.sort_values(["mean", "correction"], na_position="last").copy()
@@ -135,7 +138,17 @@ def zoo_table(steps: pd.DataFrame, pr: pd.DataFrame, n_boot: int = 1000) -> pd.D
     t["dropped tokens"] = [_fmt(v) for v in t.get("corr_masked_share", pd.Series(math.nan, index=t.index))]
     t["largest weight"] = [_fmt(v) for v in t.get("corr_weight_max", pd.Series(math.nan, index=t.index))]
     return t[["model", "sampler", "rank by M", "correction", "M (mean [95 % CI])", "final (mean [95 % CI])", "rank by accuracy",
-              "truncated tokens", "dropped tokens", "largest weight", "mean", "ci_low", "ci_high"]]
+              "truncated tokens", "dropped tokens", "largest weight", "diverged", "mean", "ci_low", "ci_high"]]
+
+
+def diverged_runs(pr: pd.DataFrame) -> pd.DataFrame:
+    """Per cell, its runs that diverged ("seed 1 at step 9"; "none"): their final accuracy counts as 0
+    and their M is over their probe steps before the divergence."""
+    at = pr.get("diverged_at_step", pd.Series(math.nan, index=pr.index))
+    d = pr.assign(_at=at).sort_values("seed")
+    text = d.groupby(A.CELL).apply(
+        lambda g: ", ".join(f"seed {s} at step {int(a)}" for s, a in zip(g["seed"], g["_at"]) if a == a) or "none", include_groups=False)
+    return text.rename("diverged").reset_index()
 
 
 def spearman_out(steps: pd.DataFrame, drops: pd.DataFrame, n_boot: int = 1000) -> pd.DataFrame:
@@ -188,7 +201,7 @@ CAPTIONS = {
     "off_support": "Off-support share (tokens of the trainer's own responses with probability < 1e-3 under the initial policy) before / at collapse points (accuracy drop >= half the bf16/pg reference), beside the sampler-side KL. Copied cells (computed_as) count once.",
     "spearman": "Spearman correlation with the accuracy drop over (run, eval step) pairs of non-reference runs, copied cells counted once; 95 % bootstrap intervals resample runs.",
     "probe_density": "How the cells' M intervals narrow with probe steps: the same runs with only every k-th probe step kept (probes never change a run).",
-    "zoo": "The grid's corrections ranked per sampler by the noise-floor multiple M (mean over runs [95 % bootstrap interval]; rank 1 = closest to on-policy training), beside the final test accuracy (mean [95 % CI]) and its rank, and the mean share of tokens each correction truncated or dropped and its largest token weight.",
+    "zoo": "The grid's corrections ranked per sampler by the noise-floor multiple M (mean over runs [95 % bootstrap interval]; rank 1 = closest to on-policy training), beside the final test accuracy (mean [95 % CI]) and its rank, the mean share of tokens each correction truncated or dropped and its largest token weight, and the runs that diverged (weights not finite after an update; final accuracy 0).",
     "findings": "Findings of the paper, each checked by the stated rule in each replicate (a group of seeds): seen = holds in every replicate.",
 }
 

@@ -34,7 +34,7 @@ from .engine import Rollout, VLLMEngine
 from .grid import computed_as, get_sampler
 from .model import TokenBatch, load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
 from .registry import updates_per_batch
-from .util import DamagedFileError, NonFiniteError, atomic_save, atomic_write_text, disk_full, log, remove_leftovers
+from .util import DamagedFileError, Diverged, NonFiniteError, atomic_save, atomic_write_text, disk_full, log, remove_leftovers
 
 PHASES = ("sync", "sample", "score", "logprobs", "resync", "probe", "correction", "update", "eval", "checkpoint")
 METRICS_FILE, SUMMARY_FILE, CONFIG_FILE, CKPT_FILE, LOG_FILE = (
@@ -101,6 +101,7 @@ class Cell:
     rows: list[dict] = field(default_factory=list)
     resync_steps: list[int] = field(default_factory=list)
     initial: dict = field(default_factory=dict)  # the accuracies of θ_0, measured before step 1
+    diverged_at_step: int | None = None  # the step whose update left non-finite weights (the run's last)
 
 
 @dataclass
@@ -389,7 +390,8 @@ class Trainer(Learner):
             g_c, diagnostics = self.correction_grad(s, rollout, e, lp, synced, lp.kept)
             lp.kept = None  # frees the kept graph's logits
             row.update(diagnostics)
-            check_finite(k, {**row, "update direction": float(g_c.abs().max())})
+            check_finite(k, row)
+            check_direction_finite(k, g_c)
 
         with timer("update"):
             for u in range(updates):
@@ -397,8 +399,8 @@ class Trainer(Learner):
                 # moved, so θ_s's distribution comes from the sampler's copy even when it was synced
                 g_u = g_c if u == 0 else self.correction_grad(s, rollout, e, lp, False, None)[0]
                 self._apply(g_u)
-            # a diverged run (a later PPO epoch's gradient, or a step that overflows θ) stops here,
-            # naming the cause, instead of writing a row whose dev is NaN and ending "finished"
+            # a diverged run (a later PPO epoch's gradient, or a step that overflows θ) ends here
+            # (train_steps records it) instead of writing a row whose dev is NaN and going on
             check_weights_finite(k, self.params, updates)
             if updates > 1:  # the run's update direction over all its SGD steps
                 g_c = (theta_before - flat_params(self.params)) / t.lr
@@ -474,23 +476,34 @@ MAY_BE_NAN = {"ess_lag_presync", "dev", "floor", "dev_ratio", "off_support", "gr
 
 def check_finite(step: int, row: dict) -> None:
     """Raise NonFiniteError naming the step and the column if a value is infinite, or NaN where
-    the column is always defined. Called on the step's mismatch columns and update direction before
-    the update (an overflowed ratio would turn θ into NaN), and on the whole row after it, before
-    the row or a checkpoint is written: the run stops at that step, its last checkpoint intact."""
+    the column is always defined. Called on the step's mismatch columns and the correction's
+    diagnostics before the update (an overflowed ratio would turn θ into NaN), and on the whole row
+    after it, before the row or a checkpoint is written: the run stops at that step, its last
+    checkpoint intact. A fault, not an outcome: a diverged θ shows first in the update direction or
+    the weights (check_direction_finite, check_weights_finite)."""
     for col, v in row.items():
         if isinstance(v, float) and (math.isinf(v) or (math.isnan(v) and col not in MAY_BE_NAN)):
             raise NonFiniteError(f"step {step}: {col} is {v}; the run stops here (its last checkpoint is kept)")
 
 
+def check_direction_finite(step: int, g: torch.Tensor) -> None:
+    """Before the update: a NaN or infinite update direction at a moved θ (step > 1) means the run
+    diverged (Diverged: its outcome, recorded); at θ_0, which no update has moved, it is a fault
+    (NonFiniteError: the run stops with an error)."""
+    top = float(g.abs().max())
+    if math.isfinite(top):
+        return
+    if step == 1:
+        raise NonFiniteError(f"step 1: the update direction is {top} at θ_0, before any update; the run stops here")
+    raise Diverged(step, f"step {step}: the update direction is {top}: the run diverged")
+
+
 def check_weights_finite(step: int, params: list[torch.Tensor], updates: int) -> None:
-    """Raise NonFiniteError if any trained weight is NaN or infinite after the step's update: the run
-    diverged. One pass over the weights, a tensor at a time (its boolean mask, 1 byte per weight, is
-    freed before the next), after the step's activations are gone."""
+    """Raise Diverged if any trained weight is NaN or infinite after the step's update. One pass over
+    the weights, a tensor at a time (its boolean mask, 1 byte per weight, is freed before the next),
+    after the step's activations are gone."""
     if not all(bool(torch.isfinite(p).all()) for p in params):
-        raise NonFiniteError(
-            f"step {step}: the policy's weights are not finite after its update ({updates} SGD step(s)): "
-            "the run diverged and stops here (its last checkpoint is kept)"
-        )
+        raise Diverged(step, f"step {step}: the policy's weights are not finite after its update ({updates} SGD step(s)): the run diverged")
 
 
 EVAL_COLUMNS = ("accuracy_greedy", "accuracy_sampled", "heldout_accuracy_greedy", "test_accuracy")
@@ -528,15 +541,18 @@ def summarize(rows: list[dict], cell: Cell, meta: dict, seconds: dict) -> dict:
     """
     ids = {k: meta.get(k, "") for k in analysis.RUN}
     df = pd.DataFrame(rows).assign(**ids)
-    if "ess_lag_presync" not in df:
-        df["ess_lag_presync"] = math.nan
-    one = lambda f, col: f(df)[col].iloc[0]  # noqa: E731
+    for col in ("ess_lag_presync", "test_accuracy", "dev", "floor", "dev_ratio", "ess_lag", "ess_lag_gauss", "step"):
+        if col not in df:  # a column every row has, absent only from a run that diverged at step 1
+            df[col] = pd.Series(dtype=float)
+    one = lambda f, col: f(df)[col].iloc[0] if len(df) else math.nan  # noqa: E731
     acc = df["test_accuracy"].dropna()
     as_int = lambda x: None if pd.isna(x) else int(x)  # noqa: E731
     return {
         **meta,
         "steps": int(len(df)),
-        "final_test_accuracy": float(acc.iloc[-1]) if len(acc) else math.nan,
+        # a diverged policy's weights are NaN: it answers no problem (docs/method.md#diverged-runs)
+        "final_test_accuracy": 0.0 if cell.diverged_at_step else float(acc.iloc[-1]) if len(acc) else math.nan,
+        "diverged_at_step": cell.diverged_at_step,
         "initial_test_accuracy": cell.initial.get("test_accuracy", math.nan),
         "initial_accuracies": cell.initial,
         "noise_floor_multiple": float(one(analysis.noise_floor_multiple, "noise_floor_multiple")),
@@ -668,7 +684,12 @@ def train_steps(tr: Trainer, cell: Cell, ckpt: Path, run: dict, note, desc: str,
     bar = tqdm(total=steps, initial=cell.step, desc=desc, unit="step", mininterval=2.0)
     while cell.step < steps:
         timer = PhaseTimer()
-        row = tr.step(cell, timer)
+        try:
+            row = tr.step(cell, timer)
+        except Diverged as e:  # the run's outcome, not a fault: it ends here, its rows so far kept
+            cell.diverged_at_step = e.step
+            note(f"{e}; the run ends with its {cell.step} finished step(s), and its final test accuracy counts as 0")
+            break
         cell.rows.append({**row, **{f"sec_{p}": v for p, v in timer.sec.items()}})
         if tr.tcfg.ckpt_every and cell.step % tr.tcfg.ckpt_every == 0 and cell.step < steps:
             # the checkpoint holds this row before its own writing time is known: NaN there (what a
@@ -720,7 +741,7 @@ def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkp
         tr.save_checkpoint(ckpt, cell, run)
     else:
         checkpoint.remove(ckpt)
-    note(f"finished {out}: {json.dumps({k: summary[k] for k in ('final_test_accuracy', 'noise_floor_multiple', 'resync_steps')})}")
+    note(f"finished {out}: {json.dumps({k: summary[k] for k in ('final_test_accuracy', 'noise_floor_multiple', 'resync_steps', 'diverged_at_step')})}")
     return summary
 
 

@@ -181,3 +181,12 @@ def log(msg: str) -> None:
 
 class NonFiniteError(RuntimeError):
     """A training metric or the update direction is NaN or infinite: the run stops before using it."""
+
+
+class Diverged(NonFiniteError):
+    """The policy's weights are NaN or infinite after a step's update: the run diverged. Not a fault
+    of the harness but the run's outcome: the cell ends there and records the step (train.train_steps)."""
+
+    def __init__(self, step: int, message: str):
+        super().__init__(message)
+        self.step = step

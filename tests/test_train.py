@@ -201,18 +201,48 @@ def test_a_non_finite_metric_stops_the_run_naming_step_and_column():
     check_finite(3, {"reward_mean": -0.5, "dev": float("nan"), "test_accuracy": float("nan")})  # NaN by definition off-probe
     with pytest.raises(NonFiniteError, match=r"step 3: ess_lag is nan"):
         check_finite(3, {"reward_mean": -0.5, "ess_lag": float("nan")})
-    with pytest.raises(NonFiniteError, match=r"step 7: update direction is inf"):
-        check_finite(7, {"update direction": float("inf")})
 
 
-def test_weights_that_went_non_finite_in_an_update_stop_the_run_naming_the_divergence():
+def test_a_non_finite_update_is_a_divergence_after_theta_moved_and_a_fault_at_theta_0():
     import torch
 
-    from dlcrepro.train import NonFiniteError, check_weights_finite
+    from dlcrepro.train import Diverged, NonFiniteError, check_direction_finite, check_weights_finite
 
+    check_direction_finite(1, torch.ones(5))
+    with pytest.raises(NonFiniteError, match=r"step 1: the update direction is inf at θ_0, before any update") as e:
+        check_direction_finite(1, torch.tensor([0.0, float("inf")]))
+    assert not isinstance(e.value, Diverged)  # at θ_0 a NaN is a fault: the run stops with an error
+    with pytest.raises(Diverged, match=r"step 7: the update direction is nan: the run diverged") as e:
+        check_direction_finite(7, torch.tensor([float("nan"), 1.0]))
+    assert e.value.step == 7
     weights = [torch.ones(3, 2), torch.zeros(4)]
     check_weights_finite(9, weights, 4)
     for bad in (float("nan"), float("inf"), -float("inf")):
         weights[1][2] = bad
-        with pytest.raises(NonFiniteError, match=r"step 9: the policy's weights are not finite after its update \(4 SGD step\(s\)\): the run diverged"):
+        with pytest.raises(Diverged, match=r"step 9: the policy's weights are not finite after its update \(4 SGD step\(s\)\): the run diverged") as e:
             check_weights_finite(9, weights, 4)
+        assert e.value.step == 9
+
+
+def test_a_run_that_diverges_ends_as_a_recorded_outcome_the_tables_name(tiny_model_dir, tmp_path):
+    """A learning rate near float32's largest value overflows θ within the smoke config's 4 steps:
+    the cell finishes (exit 0, the workflow goes on) with its rows before the divergence, the step
+    it diverged at, and final accuracy 0; the accuracy and zoo tables name the run."""
+    from dlcrepro import analysis, tables
+
+    out = tmp_path / "tiny" / "stale" / "pg" / "seed0"
+    p = run(train_cmd(tiny_model_dir, out, "stale", "pg", "train.lr=3.0e+38"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = json.loads((out / "summary.json").read_text())
+    at = s["diverged_at_step"]
+    assert at is not None and 1 <= at <= 4, s
+    df = pd.read_parquet(out / "metrics.parquet")
+    assert s["steps"] == at - 1 == len(df) and list(df["step"]) == list(range(1, at))
+    assert s["final_test_accuracy"] == 0.0
+    assert f"step {at}: " in (out / "train.log").read_text() and "the run diverged" in p.stderr
+    assert not (out / "checkpoint.pt").exists()
+    steps, runs = analysis.collect([out / "summary.json"])
+    assert runs["diverged_at_step"].tolist() == [at] and runs["final_test_accuracy"].tolist() == [0.0]
+    t = tables.write_all(steps, runs, tmp_path / "tables", n_boot=20)
+    assert t["zoo"]["diverged"].tolist() == [f"seed 0 at step {at}"]
+    assert t["accuracy"]["final per seed"].tolist() == [f"0 (diverged at {at})"]
