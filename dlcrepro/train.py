@@ -30,7 +30,7 @@ from .cluster import check_device
 from .config import Config, ConfigError, to_dict
 from .corrections import CorrectionParams, TokenTerms, concat_weights, engine_distribution, get_correction, weight_diagnostics
 from .diagnostics import dev_ratio, kl_rows, mismatch_metrics, off_support_share, squared_distance
-from .engine import Rollout, VLLMEngine
+from .engine import Rollout, SyncCheckError, VLLMEngine
 from .grid import computed_as, get_sampler
 from .model import TokenBatch, load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
 from .registry import updates_per_batch
@@ -101,7 +101,7 @@ class Cell:
     rows: list[dict] = field(default_factory=list)
     resync_steps: list[int] = field(default_factory=list)
     initial: dict = field(default_factory=dict)  # the accuracies of θ_0, measured before step 1
-    diverged_at_step: int | None = None  # the step whose update left non-finite weights (the run's last)
+    diverged_at_step: int | None = None  # the first step a diverged run could not complete (docs/method.md#diverged-runs)
 
 
 @dataclass
@@ -282,6 +282,7 @@ class Trainer(Learner):
         self.probe_engine = self.engine if shared else VLLMEngine(str(model_dir), cfg.engine, "bf16", seed)
         self.probe_version = -1
         self.sync_checks: list[dict] = []  # one per checked weight sync: engine, version, discrepancy, seconds
+        self.matched_weight_max: dict[int, float] = {}  # per engine (id): the largest |weight| of the last version it matched
         self.ckpt_on_disk: dict | None = None  # the sidecar entry of the checkpoint file on disk (checkpoint.save)
         # the engine's top-k log-probs only for a correction whose loss reads its distribution
         # (~20 % of a tiny-model sampling call; on Qwen3 the (N, V) q is the trainer's largest tensor)
@@ -293,8 +294,12 @@ class Trainer(Learner):
 
     def push_weights(self, engine: VLLMEngine, model: torch.nn.Module, version: int) -> None:
         """`model`'s weights into `engine` as `version`, then the sync check (`engine.sync_check`):
-        the engine's teacher-forced log-probs of a few sequences against `model`'s; a failed check
-        raises SyncCheckError and stops the run."""
+        the engine's teacher-forced log-probs of a few sequences against `model`'s. A failed check
+        raises SyncCheckError and stops the run, unless the weights have grown BLOWUP-fold or more
+        (largest |weight|) since the last version this engine matched: then the load path is known
+        good and what the engine cannot compute is weights an update blew up (Diverged;
+        docs/method.md#diverged-runs)."""
+        top = max(float(p.detach().abs().max()) for p in model.parameters())
         engine.load_weights({k: v.detach() for k, v in model.state_dict().items()}, version)
         if not self.cfg.engine.sync_check:
             return
@@ -303,7 +308,15 @@ class Trainer(Learner):
         def trainer_logp(prompts: list[list[int]], responses: list[list[int]]) -> torch.Tensor:
             return self.token_logp(model, make_token_batch(prompts, responses, self.tokenizer.pad_token_id).to(self.device))
 
-        d = engine.check_sync(trainer_logp, self.eval_prompts)
+        try:
+            d = engine.check_sync(trainer_logp, self.eval_prompts)
+        except SyncCheckError as e:
+            matched = self.matched_weight_max.get(id(engine))
+            if matched is None or top < BLOWUP * matched:
+                raise
+            raise Diverged(version, f"θ_{version}'s largest |weight| is {top:.4g}, {top / matched:.0f}x that of the last version the {engine.kind} engine "
+                                    f"matched, and the engine no longer computes its policy ({str(e).split('; ')[0]}): the run diverged") from e
+        self.matched_weight_max[id(engine)] = top
         sec = time.perf_counter() - t
         self.sync_checks.append({"engine": engine.kind, "version": version, "discrepancy": d, "seconds": sec})
         log(f"sync check: {engine.kind} engine holds version {version}: mean |log q − log π| {d:.4f}/token "
@@ -467,6 +480,12 @@ class Trainer(Learner):
         torch.set_rng_state(blob["torch_rng"])
         return Cell(**blob["cell"])
 
+
+# A sync check that fails after the weights' largest |weight| grew this many times since the engine's
+# last matched version is a diverged run, not a broken load. Measured in the zoo (stale/gspo seed 0):
+# from step 20 to 23 the largest |weight| moved 1.29 -> 1.386 (at most 7 % a step); step 24's update
+# took it to 221.6 (160x), and the bf16 engine then gave 88.7 nats/token against the trainer.
+BLOWUP = 10.0
 
 # Columns that are NaN by definition on some steps: probes and evals only on their steps, the
 # pre-resync ESS only where a resync happened, ratios where their denominator is 0.
@@ -687,7 +706,7 @@ def train_steps(tr: Trainer, cell: Cell, ckpt: Path, run: dict, note, desc: str,
         try:
             row = tr.step(cell, timer)
         except Diverged as e:  # the run's outcome, not a fault: it ends here, its rows so far kept
-            cell.diverged_at_step = e.step
+            cell.diverged_at_step = cell.rows[-1]["step"] + 1 if cell.rows else 1  # the first step without a row
             note(f"{e}; the run ends with its {cell.step} finished step(s), and its final test accuracy counts as 0")
             break
         cell.rows.append({**row, **{f"sec_{p}": v for p, v in timer.sec.items()}})

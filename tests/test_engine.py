@@ -263,7 +263,7 @@ def test_before_its_first_sample_the_check_scores_the_prompts_own_tokens(setup):
 def test_a_training_sync_whose_weights_do_not_arrive_stops_the_run(tiny_model_dir, smoke_cfg, monkeypatch):
     """Every push of the training loop is checked: a load that leaves the engine zeroed (injected
     into the real engine's load) raises at the sync; honest ones are checked and recorded."""
-    from dlcrepro.train import Cell, Trainer
+    from dlcrepro.train import BLOWUP, Cell, Diverged, Trainer
 
     tr = Trainer(smoke_cfg, "tiny", "bf16", "pg", 0, tiny_model_dir)  # one engine: sampler and probe
     cell = Cell()
@@ -281,8 +281,16 @@ def test_a_training_sync_whose_weights_do_not_arrive_stops_the_run(tiny_model_di
     cell.step = 2
     with pytest.raises(SyncCheckError, match="the bf16 engine, given version 2"):
         tr.sync_sampler(cell)
-    monkeypatch.setattr(tr.cfg.engine, "sync_check", False)  # engine.sync_check: false turns it off
+    # the same failed check after an update blew the weights up (BLOWUP-fold since the last version
+    # the engine matched) is the run's divergence, not a broken load
+    with torch.no_grad():
+        for p in tr.params:
+            p.mul_(BLOWUP)
     cell.step = 3
+    with pytest.raises(Diverged, match=r"θ_3's largest \|weight\| is [0-9.]+, 10x that of the last version the bf16 engine matched.*given version 3.*the run diverged"):
+        tr.sync_sampler(cell)
+    monkeypatch.setattr(tr.cfg.engine, "sync_check", False)  # engine.sync_check: false turns it off
+    cell.step = 4
     tr.sync_sampler(cell)
 
 
