@@ -264,6 +264,20 @@ class Precision:
 CHECK_SEQS = 4  # sequences teacher-forced per check
 CHECK_TOKENS = 32  # response tokens scored per sequence, at most
 CHECK_MIN_PROB = 1e-3  # the check compares the tokens the trainer gives at least this probability
+# Fewer likely tokens than this in the engine's last samples and the check scores the prompts' tails
+# too: in the zoo a collapsed fp8/ppo_multi run's correct sync (seed 1, version 30) kept only 4
+# likely tokens of its samples, whose mean was 1.27 nats; the same weights checked on the prompts'
+# tails passed.
+CHECK_MIN_LIKELY = 16
+
+
+def prompt_tails(prompts: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[list[int]]]:
+    """The last CHECK_TOKENS tokens of each of the first CHECK_SEQS `prompts`, given the rest: what
+    a sync check scores without decoding."""
+    cut = [max(1, len(p) - CHECK_TOKENS) for p in prompts[:CHECK_SEQS]]
+    return [list(p[:c]) for p, c in zip(prompts, cut)], [list(p[c:]) for p, c in zip(prompts, cut)]
+
+
 # the trainer's `(N,)` log-probs of the responses' tokens given (prompts, responses)
 TrainerLogp = Callable[[list[list[int]], list[list[int]]], torch.Tensor]
 
@@ -508,8 +522,7 @@ class VLLMEngine:
         `prompts`, given the rest (no decoding)."""
         if self.check_seqs is not None:
             return self.check_seqs
-        cut = [max(1, len(p) - CHECK_TOKENS) for p in prompts[:CHECK_SEQS]]
-        return [list(p[:c]) for p, c in zip(prompts, cut)], [list(p[c:]) for p, c in zip(prompts, cut)]
+        return prompt_tails(prompts)
 
     def sync_discrepancy(self, trainer_logp: TrainerLogp, prompts: Sequence[Sequence[int]]) -> tuple[float, int]:
         """mean_t |log q(y_t) − log π(y_t)| over the tokens of `check_sequences(prompts)` that the
@@ -519,16 +532,28 @@ class VLLMEngine:
         unlikely token's log-prob far less exactly than a likely one's (the logits' rounding grows
         with their size), and after a run collapses the sequences sampled before it are unlikely
         under the new weights. Measured: a collapsed `fp8_stale`/`is` run's correct sync at step 27
-        gave 1.28 nats over all 96 tokens of the check, with vLLM's kernels and with ours alike."""
+        gave 1.28 nats over all 96 tokens of the check, with vLLM's kernels and with ours alike.
+        Where fewer than CHECK_MIN_LIKELY of the sampled tokens are likely, the prompts' tails
+        (`prompt_tails`) are scored with them."""
         p, r = self.check_sequences(prompts)
-        q = torch.cat(self.teacher_forced_logp(p, r))
-        pi = trainer_logp(p, r).float().cpu()
-        if pi.shape != q.shape:
-            raise ValueError(f"sync check: trainer gave {tuple(pi.shape)} log-probs for {q.numel()} tokens")
+        q, pi = self._check_logps(trainer_logp, p, r)
+        if int((pi >= math.log(CHECK_MIN_PROB)).sum()) < CHECK_MIN_LIKELY and self.check_seqs is not None:
+            # too few likely tokens for a mean (the update made the last samples unlikely): the
+            # prompts' own tails too, which a policy that still reads its prompts finds likely
+            q2, pi2 = self._check_logps(trainer_logp, *prompt_tails(prompts))
+            q, pi = torch.cat([q, q2]), torch.cat([pi, pi2])
         likely = pi >= math.log(CHECK_MIN_PROB)
         if not likely.any():
             return math.nan, 0
         return float((q - pi)[likely].abs().mean()), int(likely.sum())
+
+    def _check_logps(self, trainer_logp: TrainerLogp, p: list[list[int]], r: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The engine's and the trainer's log-probs of the responses `r` given `p`, `(N,)` each."""
+        q = torch.cat(self.teacher_forced_logp(p, r))
+        pi = trainer_logp(p, r).float().cpu()
+        if pi.shape != q.shape:
+            raise ValueError(f"sync check: trainer gave {tuple(pi.shape)} log-probs for {q.numel()} tokens")
+        return q, pi
 
     def check_sync(self, trainer_logp: TrainerLogp, prompts: Sequence[Sequence[int]]) -> float:
         """After a weight load: the engine must compute what the trainer holds, i.e. their mean

@@ -244,6 +244,37 @@ def test_a_correct_sync_of_a_sharpened_policy_passes_though_the_old_samples_are_
         engine.load_weights(theta_0, 0)
 
 
+@pytest.mark.parametrize("name", ["bf16", "fp8"])
+def test_a_check_whose_samples_are_unlikely_scores_the_prompts_tails_too(setup, smoke_cfg, name):
+    """What a run meets after an update that moved its policy far from its last samples (in the zoo,
+    a collapsed fp8/ppo_multi run kept 4 likely tokens, mean 1.27 nats, at a correct sync): fewer
+    than CHECK_MIN_LIKELY likely tokens in the samples, and the check scores the prompts' tails with
+    them; a correct sync passes, a zeroed one still fails."""
+    from dlcrepro.engine import CHECK_MIN_LIKELY, CHECK_MIN_PROB, prompt_tails
+
+    engine, theta_0, model = setup[name], setup["state"], setup["model"]
+    kept = engine.check_seqs
+    g = torch.Generator().manual_seed(0)
+    vocab = smoke_cfg.models["tiny"].arch["vocab_size"]
+    # three random tokens per response: 12 in all, fewer likely ones than CHECK_MIN_LIKELY
+    p = [list(x) for x in setup["prompts"][:4]]
+    r = [torch.randint(0, vocab, (3,), generator=g).tolist() for _ in p]
+    try:
+        engine.check_seqs = (p, r)
+        likely_in_samples = int((scored_logp(model, p, r) >= math.log(CHECK_MIN_PROB)).sum())
+        assert likely_in_samples < CHECK_MIN_LIKELY
+        tp, tr_ = prompt_tails(setup["prompts"])
+        likely_in_tails = int((scored_logp(model, tp, tr_) >= math.log(CHECK_MIN_PROB)).sum())
+        d, n = engine.sync_discrepancy(trainer_logp_fn(model), setup["prompts"])
+        assert n == likely_in_samples + likely_in_tails >= CHECK_MIN_LIKELY and d <= engine.precision.sync_bound
+        engine.load_weights({k: torch.zeros_like(v) for k, v in theta_0.items()}, 1)
+        with pytest.raises(SyncCheckError, match="given version 1"):
+            engine.check_sync(trainer_logp_fn(model), setup["prompts"])
+    finally:
+        engine.check_seqs = kept
+        engine.load_weights(theta_0, 0)
+
+
 def test_before_its_first_sample_the_check_scores_the_prompts_own_tokens(setup):
     """An engine that has sampled nothing yet (a run's start or resume) is checked on the last 32
     tokens of the first four prompts, given the rest: no decoding; afterwards on what it sampled."""
