@@ -270,6 +270,8 @@ def mismatch(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
             for s in samplers:
                 _mean_band(axes[i, j], d.loc[(d["model"] == m) & (d["sampler"] == s)], col, dict(color=SAMPLER_COLOURS.get(s, "k"), lw=1.4))
             axes[i, j].set(title=f"{m}: {label.split(' (')[0].removeprefix('mean ')}", xlabel="step", ylabel=label)
+        # λ spans 0 (synced) to ~10^7 (a diverging run's last steps): linear below 0.01, log above
+        axes[i, 1].set_yscale("symlog", linthresh=0.01)
     _tidy(axes, shared_y=False)
     runs_per = d.groupby(["model", "sampler"])[["correction", "seed"]].apply(lambda g: len(g.drop_duplicates()))
     n = f"{runs_per.min()}" if runs_per.min() == runs_per.max() else f"{runs_per.min()}–{runs_per.max()}"
