@@ -314,9 +314,9 @@ def test_readme_counts_the_committed_verdicts():
 
 
 def test_results_zoo_table_agrees_with_the_committed_zoo():
-    """docs/results.md's zoo table ('57 % · 1.0×, drops 55 %' per correction and sampler) against
-    paper_tables/zoo/zoo.csv: final accuracy, M and the share of dropped tokens; '(= `is`)' is a
-    copied cell whose numbers equal its twin's."""
+    """docs/results.md's zoo table ('57 % · 1.0×, drops 55 %, 1 of 3 diverged' per correction and
+    sampler) against paper_tables/zoo/zoo.csv: final accuracy, M, the share of dropped tokens and the
+    runs that diverged (said where any did); '(= `is`)' is a copied cell whose numbers equal its twin's."""
     import pandas as pd
 
     zoo = pd.read_csv(ZOO_CSV).set_index(["sampler", "correction"])
@@ -336,11 +336,14 @@ def test_results_zoo_table_agrees_with_the_committed_zoo():
                 if [str(row[c]).split(" ")[0] for c in same] != [str(other[c]).split(" ")[0] for c in same]:
                     problems.append(f"{sampler}/{correction}: not the numbers of {twin.group(1)}")
                 continue
-            m = re.fullmatch(r"(?:\*\*)?(\d+) % · ([\d.]+)×(?:\*\*)?(?:, drops (\d+) %)?", cell)
+            m = re.fullmatch(r"(?:\*\*)?(\d+) % · ([\d.,]+)×(?:\*\*)?(?:, drops (\d+) %)?(?:, (\d) of \d diverged)?", cell)
             if not m:
                 problems.append(f"{sampler}/{correction}: cannot read {cell!r}")
                 continue
-            accuracy, multiple, dropped = m.groups()
+            accuracy, multiple, dropped, diverged = m.groups()
+            multiple = multiple.replace(",", "")
+            if int(diverged or 0) != str(row["diverged"]).count("seed"):
+                problems.append(f"{sampler}/{correction}: {diverged or 0} diverged, the table {row['diverged']!r}")
             final = row["final (mean [95 % CI])"].split(" ")[0]
             if not rounds_to(accuracy, final, 100):
                 problems.append(f"{sampler}/{correction}: accuracy {accuracy} %, the table {final}")
