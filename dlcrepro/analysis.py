@@ -107,7 +107,7 @@ def collect(summary_paths: Iterable[str | Path], rerun: str | None = None) -> tu
             "initial_test_accuracy": s.get("initial_test_accuracy", math.nan),  # θ_0's, before step 1
             **{f"initial_{k}": v for k, v in s.get("initial_accuracies", {}).items() if k != "test_accuracy"},
             "resync_steps": json.dumps(s["resync_steps"]),
-            # the step whose update left non-finite weights; the run's final accuracy is then 0
+            # a diverged run's first step without a row (its final accuracy is then 0); NaN if none
             "diverged_at_step": float(s.get("diverged_at_step") or math.nan),
             "wall_seconds": s.get("wall_seconds", math.nan),
             "computed_as": s.get("computed_as", ""),  # the run whose metrics these are (grid.computed_as)

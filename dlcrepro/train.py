@@ -569,7 +569,7 @@ def summarize(rows: list[dict], cell: Cell, meta: dict, seconds: dict) -> dict:
     return {
         **meta,
         "steps": int(len(df)),
-        # a diverged policy's weights are NaN: it answers no problem (docs/method.md#diverged-runs)
+        # a diverged policy (weights NaN or blown up) counts as answering no problem (docs/method.md#diverged-runs)
         "final_test_accuracy": 0.0 if cell.diverged_at_step else float(acc.iloc[-1]) if len(acc) else math.nan,
         "diverged_at_step": cell.diverged_at_step,
         "initial_test_accuracy": cell.initial.get("test_accuracy", math.nan),
@@ -707,7 +707,7 @@ def train_steps(tr: Trainer, cell: Cell, ckpt: Path, run: dict, note, desc: str,
             row = tr.step(cell, timer)
         except Diverged as e:  # the run's outcome, not a fault: it ends here, its rows so far kept
             cell.diverged_at_step = cell.rows[-1]["step"] + 1 if cell.rows else 1  # the first step without a row
-            note(f"{e}; the run ends with its {cell.step} finished step(s), and its final test accuracy counts as 0")
+            note(f"{e}; the run ends with its {len(cell.rows)} finished step(s), and its final test accuracy counts as 0")
             break
         cell.rows.append({**row, **{f"sec_{p}": v for p, v in timer.sec.items()}})
         if tr.tcfg.ckpt_every and cell.step % tr.tcfg.ckpt_every == 0 and cell.step < steps:

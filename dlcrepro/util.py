@@ -184,8 +184,9 @@ class NonFiniteError(RuntimeError):
 
 
 class Diverged(NonFiniteError):
-    """The policy's weights are NaN or infinite after a step's update: the run diverged. Not a fault
-    of the harness but the run's outcome: the cell ends there and records the step (train.train_steps)."""
+    """An update blew the policy's weights up (its direction or the weights not finite, or an engine
+    that no longer computes weights grown tenfold): the run diverged. Not a fault of the harness but
+    the run's outcome: the cell ends there and records the step (train.train_steps)."""
 
     def __init__(self, step: int, message: str):
         super().__init__(message)
