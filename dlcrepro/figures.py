@@ -289,7 +289,8 @@ def ess(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     styles = correction_styles(d["correction"].unique())
     models, samplers = sorted(d["model"].unique()), [s for s in LAGGED if s in set(d["sampler"])]
     every = max(1, d["step"].nunique() // 10)
-    fig, axes = _panels(len(models), len(samplers), sharey=True)
+    # two panels beside a legend of up to 16 corrections in 3 columns: wider panels than the default
+    fig, axes = _panels(len(models), len(samplers), w=6.0, sharey=True)
     for i, m in enumerate(models):
         for j, s in enumerate(samplers):
             ax = axes[i, j]
@@ -360,14 +361,16 @@ def off_support_kl(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Fig
     styles = correction_styles(d["correction"].unique())
     models, samplers = sorted(d["model"].unique()), [s for s in LAGGED if s in set(d["sampler"])]
     fig, axes = _panels(len(models), 2 * len(samplers))
-    cols = (("off_support", "off-support share (P(y|θ_0) < 1e-3)", "share of probe tokens"),
-            ("kl_sampler", "KL(π_s ‖ π_t) on sampled prefixes", "nats / token"))
+    cols = (("off_support", "off-support share", "share with P(y|θ_0) < 1e-3"),
+            ("kl_sampler", "KL(π_s ‖ π_t)", "nats/token, sampled prefixes"))
     for i, m in enumerate(models):
         for j, (col, what, ylabel) in enumerate(cols):
             for k, s in enumerate(samplers):
                 ax = axes[i, j * len(samplers) + k]
                 _correction_lines(ax, d.loc[(d["model"] == m) & (d["sampler"] == s)], col, styles, runs)
                 ax.set(title=f"{m} / {s}: {what}", xlabel="step", ylabel=ylabel)
+                if col == "kl_sampler":  # 0 while synced, ~10^6 in a diverging run: linear below 0.01, log above
+                    ax.set_yscale("symlog", linthresh=0.01)
     _tidy(axes, shared_y=False)
     notes = copy_labels(runs, samplers)
     resync = {c: f"{notes.get(c, '')} · resyncs" for c in d["correction"].unique() if c in A.RESYNC_CORRECTIONS}
