@@ -165,8 +165,11 @@ def ess_crossings(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def per_run(steps: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per run with every per-run aggregate."""
+    """One row per run with every per-run aggregate (`diverged_at_step` NaN for runs collected
+    before it was recorded)."""
     out = runs.copy()
+    if "diverged_at_step" not in out:
+        out["diverged_at_step"] = math.nan
     for f in (noise_floor_multiple, leave_floor_step, ess_crossings):
         out = out.merge(f(steps), on=RUN, how="left")
     return out

@@ -75,7 +75,7 @@ def accuracy_table(pr: pd.DataFrame, n_boot: int = 1000) -> pd.DataFrame:
     s["final (mean [95 % CI])"] = [_ci_text(m, lo, hi) for m, lo, hi in zip(s["mean"], s["ci_low"], s["ci_high"])]
     s["rise (mean [95 % CI])"] = [_ci_text(m, lo, hi) for m, lo, hi in zip(s["mean_rise"], s["ci_low_rise"], s["ci_high_rise"])]
     pr = pr.assign(_final=[_fmt(a) + (f" (diverged at {int(d)})" if d == d else "")
-                           for a, d in zip(pr["final_test_accuracy"], pr.get("diverged_at_step", pd.Series(math.nan, index=pr.index)))])
+                           for a, d in zip(pr["final_test_accuracy"], pr["diverged_at_step"])])
     per_seed = pr.sort_values("seed").groupby(A.CELL)["_final"].apply("/".join).rename("final per seed")
     s = s.merge(per_seed.reset_index(), on=A.CELL, how="left")
     s["paper"] = [PAPER_ACCURACY.get((a, b), "") for a, b in zip(s["sampler"], s["correction"])]
@@ -144,10 +144,9 @@ def zoo_table(steps: pd.DataFrame, pr: pd.DataFrame, n_boot: int = 1000) -> pd.D
 def diverged_runs(pr: pd.DataFrame) -> pd.DataFrame:
     """Per cell, its runs that diverged ("seed 1 at step 9"; "none"): their final accuracy counts as 0
     and their M is over their probe steps before the divergence."""
-    at = pr.get("diverged_at_step", pd.Series(math.nan, index=pr.index))
-    d = pr.assign(_at=at).sort_values("seed")
-    text = d.groupby(A.CELL).apply(
-        lambda g: ", ".join(f"seed {s} at step {int(a)}" for s, a in zip(g["seed"], g["_at"]) if a == a) or "none", include_groups=False)
+    text = pr.sort_values("seed").groupby(A.CELL).apply(
+        lambda g: ", ".join(f"seed {s} at step {int(a)}" for s, a in zip(g["seed"], g["diverged_at_step"]) if a == a) or "none",
+        include_groups=False)
     return text.rename("diverged").reset_index()
 
 

@@ -299,10 +299,10 @@ class Trainer(Learner):
         (largest |weight|) since the last version this engine matched: then the load path is known
         good and what the engine cannot compute is weights an update blew up (Diverged;
         docs/method.md#diverged-runs)."""
-        top = max(float(p.detach().abs().max()) for p in model.parameters())
         engine.load_weights({k: v.detach() for k, v in model.state_dict().items()}, version)
         if not self.cfg.engine.sync_check:
             return
+        top = largest_abs_weight(model.parameters())
         t = time.perf_counter()
 
         def trainer_logp(prompts: list[list[int]], responses: list[list[int]]) -> torch.Tensor:
@@ -517,11 +517,17 @@ def check_direction_finite(step: int, g: torch.Tensor) -> None:
     raise Diverged(step, f"step {step}: the update direction is {top}: the run diverged")
 
 
+def largest_abs_weight(params) -> float:
+    """max |w| over the weights, NaN or ∞ if any weight is: each tensor's max and min (no temporary
+    of its size), then one device sync for all of them."""
+    with torch.no_grad():
+        return float(torch.stack([torch.maximum(p.amax(), -p.amin()).float() for p in params]).amax())
+
+
 def check_weights_finite(step: int, params: list[torch.Tensor], updates: int) -> None:
-    """Raise Diverged if any trained weight is NaN or infinite after the step's update. One pass over
-    the weights, a tensor at a time (its boolean mask, 1 byte per weight, is freed before the next),
-    after the step's activations are gone."""
-    if not all(bool(torch.isfinite(p).all()) for p in params):
+    """Raise Diverged if any trained weight is NaN or infinite after the step's update
+    (`largest_abs_weight`: one pass, one device sync)."""
+    if not math.isfinite(largest_abs_weight(params)):
         raise Diverged(step, f"step {step}: the policy's weights are not finite after its update ({updates} SGD step(s)): the run diverged")
 
 
