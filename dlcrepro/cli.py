@@ -35,13 +35,19 @@ def cmd_warmstart(args) -> int:
     return 0
 
 
-def cmd_train(args) -> int:
-    if args.server:
-        from .server import run_via_server
+def _via_server(args) -> int | None:
+    """The job's exit status once the fork server at --server ran it, or None: run it here."""
+    if not args.server:
+        return None
+    from .server import run_via_server
 
-        status = run_via_server(args.server, _without_server(args.argv))
-        if status is not None:
-            return status
+    return run_via_server(args.server, _without_server(args.argv))
+
+
+def cmd_train(args) -> int:
+    status = _via_server(args)
+    if status is not None:
+        return status
     from .config import load
     from .tracking import from_env
     from .train import run_cell
@@ -51,8 +57,20 @@ def cmd_train(args) -> int:
     section = from_env()
     cfg = load(args.config, {**({"tracking": section} if section else {}), **_overrides(args.set)})
     summary = run_cell(cfg, args.model, args.sampler, args.correction, args.seed, Path(args.out), model_dir=args.model_dir,
-                       keep_checkpoint=args.keep_checkpoint)
+                       keep_checkpoint=args.keep_checkpoint, shared_rollouts=Path(args.rollouts) if args.rollouts else None)
     print(json.dumps(summary, indent=1))
+    return 0
+
+
+def cmd_rollouts(args) -> int:
+    status = _via_server(args)
+    if status is not None:
+        return status
+    from .rollouts import write_rollouts
+    from .train import cell_model_dir
+
+    cfg = _load(args)
+    write_rollouts(cfg, args.model, args.sampler, args.seed, Path(args.out), cell_model_dir(cfg, args.model, args.model_dir), args.topk)
     return 0
 
 
@@ -157,6 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dlcrepro", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
+    def server_option(sp):
+        sp.add_argument(
+            "--server",
+            metavar="SOCKET",
+            default=os.environ.get("DLCREPRO_SERVER") or None,
+            help="run as a child of the fork server at SOCKET if one answers there, outside Slurm (default: $DLCREPRO_SERVER)",
+        )
+
     def common(sp):
         sp.add_argument("--config", default="configs/tiny.yaml", help="YAML config file")
         sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (dotted), e.g. train.lr=0.1")
@@ -183,13 +209,20 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--model-dir", help="model weights directory (default from the config)")
     t.add_argument("--keep-checkpoint", action="store_true",
                    help="keep the final state as checkpoint.pt (θ_t and θ_s after the last step: an input for `scan --checkpoint`)")
-    t.add_argument(
-        "--server",
-        metavar="SOCKET",
-        default=os.environ.get("DLCREPRO_SERVER") or None,
-        help="run as a child of the fork server at SOCKET if one answers there, outside Slurm (default: $DLCREPRO_SERVER)",
-    )
+    t.add_argument("--rollouts", metavar="FILE",
+                   help="the batches its sampler's cells share (`rollouts`): read while the engine holds θ_0, not sampled")
+    server_option(t)
     t.set_defaults(fn=cmd_train)
+
+    ro = sub.add_parser("rollouts", help="sample once the steps every cell of a lagged sampler samples from θ_0 (for `train --rollouts`)")
+    common(ro)
+    ro.add_argument("--sampler", required=True)
+    ro.add_argument("--seed", type=int, required=True)
+    ro.add_argument("--out", required=True, help="the rollouts file")
+    ro.add_argument("--model-dir", help="model weights directory (default from the config)")
+    ro.add_argument("--topk", type=int, default=0, help="the engine's top-k log-probs kept (engine.topk where a correction reads them; 0: none)")
+    server_option(ro)
+    ro.set_defaults(fn=cmd_rollouts)
 
     sv = sub.add_parser("serve", help="fork server: import torch and vLLM once, fork a child per `train --server` job")
     sv.add_argument("--socket", help="Unix socket path (default: per working directory and python, under the temp dir)")

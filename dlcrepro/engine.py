@@ -480,7 +480,7 @@ class VLLMEngine:
                     if k:
                         tk_ids.append(lp.token_ids[s + 1 : e] if e - s > k else lp.token_ids[s:e])
                         tk_logp.append(lp.logprobs[s + 1 : e] if e - s > k else lp.logprobs[s:e])
-        self._keep_for_check(prompt_ids, response_ids)
+        self.keep_for_check(prompt_ids, response_ids)
         return Rollout(
             prompt_ids=prompt_ids,
             response_ids=response_ids,
@@ -507,7 +507,7 @@ class VLLMEngine:
             for o, p, r in zip(outs, prompts, responses)
         ]
 
-    def _keep_for_check(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> None:
+    def keep_for_check(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> None:
         """Keep CHECK_SEQS of the responses just sampled, spread over the batch, each cut to its
         first CHECK_TOKENS: the update that follows a rollout was computed on its responses, so
         their log-probs are the ones it moved most."""

@@ -35,6 +35,12 @@ class Sampler:
         """Whether the engine is synced to θ_t before sampling step `step` (0-based)."""
         return self.always_synced or (step > 0 and step % sync_every == 0)
 
+    def shared_steps(self, steps: int, sync_every: int) -> int:
+        """How many leading steps every cell of this sampler and seed samples from θ_0, whatever its
+        correction (until a resync): those before its first scheduled sync; 0 when synced before
+        every step. The workflow samples them once (dlcrepro/rollouts.py)."""
+        return 0 if self.always_synced else min(steps, sync_every)
+
 
 SAMPLERS: dict[str, Sampler] = {}
 

@@ -9,6 +9,7 @@ identical to an uninterrupted one.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -25,7 +26,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from . import analysis, checkpoint, countdown, data, paths, tracking
+from . import analysis, checkpoint, countdown, data, paths, rollouts, tracking
 from .cluster import check_device
 from .config import Config, ConfigError, to_dict
 from .corrections import CorrectionParams, TokenTerms, concat_weights, engine_distribution, get_correction, weight_diagnostics
@@ -50,6 +51,13 @@ def derive_seed(seed: int, step: int, purpose: str) -> int:
     """A 32-bit seed that depends only on (run seed, step, purpose)."""
     ss = np.random.SeedSequence([seed, step, zlib.crc32(purpose.encode())])
     return int(ss.generate_state(1, dtype=np.uint32)[0])
+
+
+def step_problems(seed: int, step: int, pool: int, n: int) -> list[int]:
+    """The indices of step `step`'s `n` training problems, drawn without replacement from the first
+    `pool` (the RL pool): the same in every cell of a seed, whatever its sampler or correction."""
+    rng = np.random.default_rng(derive_seed(seed, step, "prompts"))
+    return rng.choice(pool, size=n, replace=False).tolist()
 
 
 class PhaseTimer:
@@ -287,6 +295,7 @@ class Trainer(Learner):
         # the engine's top-k log-probs only for a correction whose loss reads its distribution
         # (~20 % of a tiny-model sampling call; on Qwen3 the (N, V) q is the trainer's largest tensor)
         self.topk = cfg.engine.topk if self.correction.needs_q else 0
+        self.shared_rollouts: dict[int, Rollout] = {}  # step -> the batch this sampler's cells share (rollouts.py; set by train_cell)
         if self.correction.needs_q and self.topk < 1:
             raise ConfigError(f"engine.topk={self.topk}: correction {correction!r} reads the engine's next-token distribution; it must be >= 1")
 
@@ -339,12 +348,25 @@ class Trainer(Learner):
 
     def prompts_for(self, step: int) -> tuple[list[int], list[list[int]]]:
         """The step's training problems (indices) and their prompt token ids."""
-        rng = np.random.default_rng(derive_seed(self.seed, step, "prompts"))
-        idx = rng.choice(len(self.rl_problems), size=self.tcfg.prompts_per_step, replace=False).tolist()
+        idx = step_problems(self.seed, step, len(self.rl_problems), self.tcfg.prompts_per_step)
         new = [i for i in idx if i not in self._prompt_cache]
         for i, ids in zip(new, data.encode_prompts(self.tokenizer, [self.train_problems[i] for i in new], self.cfg.task.prompt)):
             self._prompt_cache[i] = ids
         return idx, [self._prompt_cache[i] for i in idx]
+
+    def shared_rollout(self, k: int, cell: Cell, prompts: list[list[int]]) -> Rollout | None:
+        """Step k's batch from the rollouts shared by this sampler's cells (`rollouts.py`), while the
+        engine still holds θ_0; None: the engine samples it."""
+        r = self.shared_rollouts.get(k)
+        if r is None or cell.sampler_version != 0 or self.engine.version != 0:
+            return None
+        if r.prompt_ids[:: self.tcfg.responses_per_prompt] != [list(p) for p in prompts]:
+            raise DamagedFileError(f"the shared rollouts' step {k} has other prompts than this run draws there: "
+                                   "the file is not this run's; delete it and rerun its rule")
+        self.engine.keep_for_check(r.prompt_ids, r.response_ids)  # as if it had sampled them: its next sync check scores them
+        if not self.topk:  # the correction reads no engine distribution: as the engine returns without top-k
+            r = dataclasses.replace(r, topk_ids=None, topk_logp=None)
+        return r
 
     def score(self, rollout: Rollout, idx: list[int]) -> Scored:
         problems = [self.train_problems[idx[g]] for g in rollout.group.tolist()]
@@ -365,8 +387,10 @@ class Trainer(Learner):
         resync, ess_presync = 0, math.nan
         while True:
             with timer("sample"):
-                purpose = "sample" if not resync else "resample"
-                rollout = self.engine.generate(prompts, t.responses_per_prompt, derive_seed(self.seed, k, purpose), self.topk)
+                rollout = None if resync else self.shared_rollout(k, cell, prompts)
+                if rollout is None:
+                    purpose = "sample" if not resync else "resample"
+                    rollout = self.engine.generate(prompts, t.responses_per_prompt, derive_seed(self.seed, k, purpose), self.topk)
             with timer("score"):
                 s = self.score(rollout, idx)
             with timer("logprobs"):
@@ -734,12 +758,20 @@ def train_steps(tr: Trainer, cell: Cell, ckpt: Path, run: dict, note, desc: str,
     return totals
 
 
-def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkpoint: bool) -> dict:
+def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkpoint: bool, shared_rollouts: Path | None = None) -> dict:
     """Train the cell `meta` to its last step (resuming from its checkpoint if there is one) and
-    write its metrics and summary; the checkpoint is then removed unless `keep_checkpoint`."""
+    write its metrics and summary; the checkpoint is then removed unless `keep_checkpoint`.
+    `shared_rollouts`: the file of its sampler's shared steps (rollouts.py), which it samples itself
+    without."""
     t0 = time.perf_counter()
+    shared = {}
+    if shared_rollouts is not None:  # checked before anything loads: another run's file stops here
+        topk = cfg.engine.topk if get_correction(meta["correction"]).needs_q else 0  # what Trainer.topk will be
+        shared = rollouts.load(shared_rollouts, rollouts.identity(cfg, meta["model"], meta["sampler"], meta["seed"], mdir, topk), topk)
+        note(f"steps {min(shared)}-{max(shared)}: the batches its engine samples at θ_0 are read from {shared_rollouts}")
     torch.manual_seed(meta["seed"])
     tr = Trainer(cfg, meta["model"], meta["sampler"], meta["correction"], meta["seed"], mdir)
+    tr.shared_rollouts = shared
     setup_sec = time.perf_counter() - t0
     ckpt, run = out / CKPT_FILE, run_identity(meta, cfg)
     cell = start_or_resume(tr, ckpt, out, meta, run, note)
@@ -771,9 +803,10 @@ def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkp
 
 
 def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, out: Path, model_dir: str | None = None,
-             keep_checkpoint: bool = False) -> dict:
+             keep_checkpoint: bool = False, shared_rollouts: Path | None = None) -> dict:
     """Run (or resume, or return the finished) cell; write metrics, config, summary and log into `out`.
-    A cell whose numbers a finished cell of the grid computes bit for bit copies them instead."""
+    A cell whose numbers a finished cell of the grid computes bit for bit copies them instead.
+    `shared_rollouts`: its sampler's shared steps (rollouts.py): the same numbers, sampled once."""
     out = Path(out)
     if (out / SUMMARY_FILE).exists() and (out / METRICS_FILE).exists():
         return json.loads((out / SUMMARY_FILE).read_text())
@@ -789,4 +822,4 @@ def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, 
     with cell_log(out / LOG_FILE) as note:
         for tmp in remove_leftovers(out):  # a killed run's half-written file: never a result, only space taken
             note(f"removed {tmp.name}, left half-written by an earlier run")
-        return train_cell(cfg, meta, mdir, out, note, keep_checkpoint)
+        return train_cell(cfg, meta, mdir, out, note, keep_checkpoint, shared_rollouts)

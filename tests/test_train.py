@@ -246,3 +246,47 @@ def test_a_run_that_diverges_ends_as_a_recorded_outcome_the_tables_name(tiny_mod
     t = tables.write_all(steps, runs, tmp_path / "tables", n_boot=20)
     assert t["zoo"]["diverged"].tolist() == [f"seed 0 at step {at}"]
     assert t["accuracy"]["final per seed"].tolist() == [f"0 (diverged at {at})"]
+
+
+def test_shared_rollouts_give_a_lagged_cell_the_numbers_it_samples_itself(tiny_model_dir, tmp_path):
+    """A lagged sampler's cells read their θ_0 batches from one file (`rollouts`, the workflow's rule)
+    and compute exactly what they compute sampling them; here a correction that reads the engine's
+    distribution and resyncs (forced), after which its own engine samples. (The study's cells of
+    every correction, with and without the file: docs/measurements.md.)"""
+    shared = tmp_path / "stale.pt"
+    p = run([sys.executable, "-m", "dlcrepro", "rollouts", "--config", str(SMOKE), "--model-dir", str(tiny_model_dir),
+             "--sampler", "stale", "--seed", "0", "--topk", "64", "--out", str(shared)])
+    assert p.returncode == 0, p.stderr[-3000:]
+    sets = ("train.resync_ess=0.9999",)
+    own, read = tmp_path / "own", tmp_path / "read"
+    p = run(train_cmd(tiny_model_dir, own, "stale", "dlc", *sets))
+    assert p.returncode == 0, p.stderr[-3000:]
+    p = run(train_cmd(tiny_model_dir, read, "stale", "dlc", *sets) + ["--rollouts", str(shared)])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"read from {shared}" in (read / "train.log").read_text()
+    a, b = (pd.read_parquet(d / "metrics.parquet") for d in (own, read))
+    cols = [c for c in a.columns if not c.startswith("sec_")]
+    pd.testing.assert_frame_equal(a[cols], b[cols])
+    assert b["resync"].sum() >= 1  # the steps after the resync were sampled by the cell's engine
+    # another run's file is refused before anything is trained, naming what differs
+    p = run(train_cmd(tiny_model_dir, tmp_path / "other", "stale", "is", "train.responses_per_prompt=2") + ["--rollouts", str(shared)])
+    assert p.returncode == 2 and "holds rollouts of another run: train differ" in p.stderr
+    assert not (tmp_path / "other" / "metrics.parquet").exists()
+
+
+def test_a_rollouts_file_without_the_top_k_a_correction_reads_is_refused(tmp_path, smoke_cfg):
+    import torch
+
+    from dlcrepro import rollouts
+    from dlcrepro.config import ConfigError
+    from dlcrepro.engine import Rollout
+
+    one = Rollout(prompt_ids=[[1, 2]], response_ids=[[3]], group=torch.zeros(1, dtype=torch.long),
+                  engine_logp=torch.zeros(1), topk_ids=None, topk_logp=None, version=0)
+    ident = rollouts.identity(smoke_cfg, "tiny", "stale", 0, tmp_path, 0)
+    rollouts.save(tmp_path / "r.pt", ident, {1: one})
+    assert rollouts.load(tmp_path / "r.pt", ident, 0)[1].response_ids == [[3]]
+    with pytest.raises(ConfigError, match="top-0 log-probs, and this cell's correction reads the top-64"):
+        rollouts.load(tmp_path / "r.pt", {**ident, "topk": 64}, 64)
+    with pytest.raises(ConfigError, match="seed differ"):
+        rollouts.load(tmp_path / "r.pt", {**ident, "seed": 1}, 0)

@@ -116,6 +116,10 @@ def test_smoke_pipeline_end_to_end_then_one_cell_reruns_alone(tmp_path):
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
     assert "train" not in jobs and jobs.get("figures") == "1", p.stdout + p.stderr
 
+    # the lagged samplers' cells read their shared rollouts (dlcrepro/rollouts.py), one file each
+    assert len(list((out["results_dir"] / "_rollouts" / "tiny").glob("*/seed0.pt"))) == 2
+    assert "read from" in (out["results_dir"] / "tiny" / "stale" / "pg" / "seed0" / "train.log").read_text()
+
     # deleting one cell's output schedules that cell and what depends on it, nothing else
     shutil.rmtree(out["results_dir"] / "tiny" / "stale" / "dlc" / "seed0")
     p = snakemake("-n", "--configfile", "configs/smoke.yaml", "--config", *cfg, "--quiet", "rules")

@@ -16,9 +16,9 @@ sys.path.insert(0, str(Path(workflow.basedir).resolve()))
 from dlcrepro import cluster, procs, tracking
 from dlcrepro.config import build as build_config
 from dlcrepro.config import with_base
-from dlcrepro.grid import computed_as
+from dlcrepro.grid import computed_as, get_sampler
 from dlcrepro.paths import BUILT_HERE, REHEARSAL_DATASET, REHEARSAL_MODEL, cache_repo_dir, hf_hub_cache
-from dlcrepro.registry import updates_per_batch
+from dlcrepro.registry import correction_info, updates_per_batch
 
 # An overlay (`base: configs/tiny.yaml`, as configs/zoo.yaml) stands on its own: laid over its base
 # here, the key gone, so the jobs' configs are those of the merged file.
@@ -94,6 +94,38 @@ def same_cell(wildcards):
 def same_cell_input(wildcards):
     key = same_cell(wildcards)
     return [f"{cell_dir(*key)}/summary.json"] if key else []
+
+
+def rollouts_file(model, sampler, seed):
+    return f"{RESULTS}/_rollouts/{model}/{sampler}/seed{seed}.pt"
+
+
+def shares_rollouts(model, sampler):
+    """Whether the cells of this sampler share their first steps' batches (dlcrepro/rollouts.py)."""
+    t = CFG.train_for(model)
+    return get_sampler(sampler).shared_steps(t.steps, t.sync_every) > 0
+
+
+def rollouts_input(wildcards):
+    """The shared rollouts a training cell reads; none for a sampler synced before every step, or
+    for a cell that copies another's run."""
+    w = wildcards
+    if same_cell(w) is not None or not shares_rollouts(w.model, w.sampler):
+        return []
+    return [rollouts_file(w.model, w.sampler, w.seed)]
+
+
+def rollouts_arg(wildcards, input):
+    return f"--rollouts {input.rollouts}" if input.rollouts else ""
+
+
+def rollouts_topk(wildcards):
+    """engine.topk if a cell that reads these rollouts has a correction that reads the engine's
+    next-token distribution, else 0 (the file is then ~k times smaller)."""
+    w = wildcards
+    readers = [c["correction"] for c in CELLS if (c["model"], c["sampler"], str(c["seed"])) == (w.model, w.sampler, str(w.seed))
+               and cluster.copy_source(CFG, c["model"], c["sampler"], c["correction"], c["seed"], CELL_KEYS) is None]
+    return CFG.engine.topk if any(correction_info(c).needs_q for c in readers) else 0
 
 
 def _alternatives(values):
@@ -205,6 +237,16 @@ def train_resources(name):
         return cluster.job_resources(CFG, wildcards.model, copy)[name]
 
     return get
+
+
+def rollouts_resources(name):
+    """Resources of a rollouts job: a trained cell's of its model (it runs that cell's engine)."""
+    return lambda wildcards: cluster.job_resources(CFG, wildcards.model)[name]
+
+
+def rollouts_gres(wildcards):
+    n = rollouts_resources("gpu")(wildcards)
+    return f"gpu:{n}" if n > 0 else ""
 
 
 def train_gres(wildcards):

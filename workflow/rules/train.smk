@@ -31,6 +31,8 @@ rule train:
         data=data_input,
         # a cell that computes another cell's numbers bit for bit copies them (dlcrepro/grid.py)
         same=same_cell_input,
+        # a lagged sampler's first steps, sampled once for all its cells (dlcrepro/rollouts.py)
+        rollouts=rollouts_input,
     output:
         metrics=f"{RESULTS}/{{model}}/{{sampler}}/{{correction}}/seed{{seed}}/metrics.parquet",
         summary=f"{RESULTS}/{{model}}/{{sampler}}/{{correction}}/seed{{seed}}/summary.json",
@@ -53,7 +55,42 @@ rule train:
         python=PYTHON,
         model_dir=model_dir_arg,
         out=output_parent,
+        rollouts=rollouts_arg,
     shell:
         "OMP_NUM_THREADS={threads} {params.python} -m dlcrepro train --config {input.cfg} --model {wildcards.model} "
         "--model-dir {params.model_dir} --sampler {wildcards.sampler} "
-        "--correction {wildcards.correction} --seed {wildcards.seed} --out {params.out} > {log} 2>&1"
+        "--correction {wildcards.correction} --seed {wildcards.seed} {params.rollouts} --out {params.out} > {log} 2>&1"
+
+
+# The batches every cell of a lagged sampler samples from θ_0 (its steps before the first sync),
+# sampled once per model, sampler and seed, and read by those cells instead of sampling them again:
+# the same numbers (dlcrepro/rollouts.py). Kept, not temporary: a cell rerun alone reads it again,
+# and a file sampled anew would make every finished cell that read it look out of date (~20 MB each
+# on the tiny study; ~1 GB on the paper's, with 20 top-k log-probs per token).
+rule rollouts:
+    input:
+        cfg=train_config_input,
+        model=model_input,
+        data=data_input,
+    output:
+        rollouts_file("{model}", "{sampler}", "{seed}"),
+    log:
+        f"{LOGS}/rollouts/{{model}}/{{sampler}}/seed{{seed}}.log",
+    benchmark:
+        f"{BENCHMARKS}/rollouts/{{model}}/{{sampler}}/seed{{seed}}.tsv"
+    conda:
+        TRAIN_ENV
+    threads: rollouts_resources("cpus_per_task")
+    resources:
+        gres=rollouts_gres,
+        runtime=rollouts_resources("runtime"),
+        mem_mb=rollouts_resources("mem_mb"),
+        cpus_per_task=rollouts_resources("cpus_per_task"),
+    params:
+        python=PYTHON,
+        model_dir=model_dir_arg,
+        topk=rollouts_topk,
+    shell:
+        "OMP_NUM_THREADS={threads} {params.python} -m dlcrepro rollouts --config {input.cfg} --model {wildcards.model} "
+        "--model-dir {params.model_dir} --sampler {wildcards.sampler} --seed {wildcards.seed} --topk {params.topk} "
+        "--out {output} > {log} 2>&1"
