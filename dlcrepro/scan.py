@@ -23,6 +23,8 @@ paper's model.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import re
 import time
@@ -214,14 +216,17 @@ def caption(t_text: str, n_boot: int) -> str:
 
 
 def plot_scaling(rungs: pd.DataFrame, cells: pd.DataFrame, out: Path, name: str) -> None:
-    """M − 1 against tokens per batch, log–log, a panel per (model, θ, sampler), a colour per
-    correction: the rungs with their 95 % intervals, the fit β̂·T (solid over the rungs, dashed out to
-    T*) in its band β_lo·T … β_hi·T, the paper's multiple − 1 as a star at T*. A rung with M − 1 ≤ 0
-    (at or below the floor) is a triangle on the lower edge; band edges ≤ 0 are clipped there."""
-    from .figures import _grid, _save, plt
+    """M − 1 against tokens per batch, log–log, a panel per (model, θ, sampler), each correction in
+    its figures.py style: the rungs with their 95 % intervals, the fit β̂·T (solid over the rungs,
+    dashed out to T*) in its band β_lo·T … β_hi·T, the paper's multiple − 1 as a star at T*. A rung
+    with M − 1 ≤ 0 (at or below the floor) is a triangle on the lower edge; band edges ≤ 0 are
+    clipped there. A title says what is plotted; one legend beside the panels."""
+    from .figures import _legend, _panels, _ref_handle, _save, _title, correction_styles
 
     panels = list(cells.groupby(["model", "theta", "sampler"], sort=False))
-    fig, axes = _grid(1, max(len(panels), 1), w=5.4, h=4.2)
+    fig, axes = _panels(1, max(len(panels), 1), w=4.6, h=3.9)
+    # a family's members by their markers: the fit is solid over the rungs and dashed beyond for all
+    styles = {c: dataclasses.replace(st, linestyle="-") for c, st in correction_styles(cells["correction"].unique()).items()}
     for ax, ((model, theta, sampler), cg) in zip(axes[0], panels):
         rg = rungs.loc[(rungs["model"] == model) & (rungs["theta"] == theta) & (rungs["sampler"] == sampler)]
         t_star = float(cg["t_star"].iloc[0])
@@ -235,30 +240,40 @@ def plot_scaling(rungs: pd.DataFrame, cells: pd.DataFrame, out: Path, name: str)
         edge = positive.min() / 3 if len(positive) else 1e-3
         clip = lambda v: np.maximum(np.asarray(v, float), edge)  # noqa: E731
         for i, (_, c) in enumerate(cg.iterrows()):
-            color = f"C{i}"
+            st = styles[c["correction"]]
             r = rg.loc[rg["correction"] == c["correction"]]
             t, y = r["tokens"].to_numpy(float), r["multiple"].to_numpy(float) - 1
+            dodge = 1 + 0.06 * (i - (len(cg) - 1) / 2)  # the corrections' points of one rung side by side, not on top
             lo, hi = r["multiple_low"].to_numpy(float) - 1, r["multiple_high"].to_numpy(float) - 1
             up = y > 0
-            ax.errorbar(t[up], y[up], yerr=[y[up] - clip(lo[up]), clip(hi[up]) - y[up]], fmt="o", color=color, ms=4, capsize=2)
-            ax.scatter(t[~up & ~np.isnan(y)], np.full((~up & ~np.isnan(y)).sum(), edge), marker="v", color=color)
+            ax.errorbar(t[up] * dodge, y[up], yerr=[y[up] - clip(lo[up]), clip(hi[up]) - y[up]], fmt=st.marker, color=st.color,
+                        ms=4, capsize=2, ls="none")
+            ax.scatter(t[~up & ~np.isnan(y)] * dodge, np.full((~up & ~np.isnan(y)).sum(), edge), marker="v", color=st.color)
             if np.isfinite(c["beta"]):
                 xs, xe, xa = np.geomspace(t.min(), t.max(), 40), np.geomspace(t.max(), max(t_star, t.max()), 40), np.geomspace(t.min(), max(t_star, t.max()), 80)
-                label = f"{c['correction']}: b = {_fmt(c['beta'] * BETA_UNIT)} per {BETA_UNIT} tokens"
                 if c["beta"] > 0:  # a fit at or below 0 has no line on a log axis: its band shows it
-                    ax.plot(xs, c["beta"] * xs, color=color, lw=1.4, label=label)
-                    ax.plot(xe, c["beta"] * xe, color=color, lw=1.0, ls="--")
-                    label = None
+                    ax.plot(xs, c["beta"] * xs, color=st.color, lw=1.4)
+                    ax.plot(xe, c["beta"] * xe, color=st.color, lw=1.0, ls="--")
                 if np.isfinite(c["beta_low"]):
-                    ax.fill_between(xa, clip(c["beta_low"] * xa), clip(c["beta_high"] * xa), color=color, alpha=0.15, lw=0, label=label)
+                    ax.fill_between(xa, clip(c["beta_low"] * xa), clip(c["beta_high"] * xa), color=st.color, alpha=0.12, lw=0)
             if np.isfinite(c["paper_value"]):
-                ax.scatter([t_star], [c["paper_value"] - 1], marker="*", s=150, color=color, edgecolor="k", zorder=5,
-                           label=f"paper {c['sampler']}/{c['correction']}: {c['paper']}")
+                ax.scatter([t_star], [c["paper_value"] - 1], marker="*", s=150, color=st.color, edgecolor="k", zorder=5)
+                ax.annotate(f"paper {c['paper']}", (t_star, c["paper_value"] - 1), textcoords="offset points", xytext=(-6, 6),
+                            ha="right", fontsize=7)
         ax.axvline(t_star, color="grey", lw=0.8, ls=":")
-        ax.set(xscale="log", yscale="log", xlabel="response tokens per batch T", ylabel="M − 1 (noise-floor multiple − 1)",
-               title=f"{model} / {sampler} at {theta} (dotted: T*)")
+        ax.set(xscale="log", yscale="log", xlabel="response tokens per batch T", ylabel="M − 1", title=f"{model}: {sampler} at {theta}")
         ax.set_ylim(bottom=edge * 0.7)
-        ax.legend(fontsize=7)
+    reps = sorted(set(rungs["reps"].astype(int))) if "reps" in rungs else []
+    _title(fig, "Noise-floor multiple M − 1 against the batch's response tokens T at a fixed θ (no update); "
+                "the fit M − 1 = b·T through the origin, extrapolated to the paper's batch T*",
+           f"points: each rung's M over {'/'.join(map(str, reps)) or 'its'} repetitions, 95 % bootstrap interval; "
+           "line: the fit over the rungs (dashed beyond), band: its 95 % interval; star: the paper's multiple − 1 "
+           "(its own model); triangle: a rung at or below the floor; b per correction: the scaling table")
+    _legend(fig, list(dict.fromkeys(cells["correction"])), styles,
+            extra=[("fit over the rungs", dict(color="k", lw=1.4)), ("fit extrapolated", dict(color="k", lw=1.0, ls="--")),
+                   ("paper's multiple − 1", dict(ls="none", marker="*", ms=10, color="grey", mec="k")),
+                   ("at or below the floor", dict(ls="none", marker="v", color="grey"))],
+           refs=[("T*: the paper's batch", _ref_handle(":"))])
     _save(fig, Path(out), name)
 
 
