@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -17,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from .config import Config, ConfigError
-from .grid import computed_as
+from .grid import computed_as, get_sampler
+from .registry import correction_info
 
 # What a cell that copies another one's metrics asks of a cluster: no GPU, one core, minutes.
 COPY_RESOURCES = {"gpu": 0, "runtime": 10, "mem_mb": 2000, "cpus_per_task": 1}
@@ -168,6 +170,45 @@ def estimated_minutes(cfg: Config, model: str) -> float | None:
     answers = eval_answers_per_eval(cfg, model)
     evals = (1 + len(eval_steps)) * answers * RESPONSE_TOKENS / cost.engine_tokens_per_s  # θ_0's and each eval step's
     return (t.steps * step + evals + ENGINE_START_S) / 60
+
+
+def rollouts_jobs(cfg: Config) -> list[tuple[str, str, int]]:
+    """(model, sampler, seed) of every shared-rollouts job (dlcrepro/rollouts.py): a lagged sampler's
+    seed with a trained cell to read it."""
+    jobs = {}
+    for c in grid_cells(cfg):
+        t = cfg.train_for(c.model)
+        if c.same_as is None and get_sampler(c.sampler).shared_steps(t.steps, t.sync_every) > 0:
+            jobs[(c.model, c.sampler, c.seed)] = True
+    return list(jobs)
+
+
+def shared_sampling_minutes(cfg: Config, model: str, sampler: str) -> float | None:
+    """Minutes of generating the batches a lagged sampler's cells share (its steps before the first
+    sync), by the cost model: what its rollouts job takes (and each cell that reads it no longer
+    does); None where the model is not in the cost model."""
+    cost = step_cost(cfg, model)
+    if cost is None:
+        return None
+    t = cfg.train_for(model)
+    steps = get_sampler(sampler).shared_steps(t.steps, t.sync_every)
+    return steps * t.prompts_per_step * t.responses_per_prompt * RESPONSE_TOKENS / cost.engine_tokens_per_s / 60
+
+
+def rollouts_minutes(cfg: Config, model: str, sampler: str) -> float | None:
+    """Minutes of one rollouts job by the cost model: its generated tokens and one engine's start."""
+    shared = shared_sampling_minutes(cfg, model, sampler)
+    return None if shared is None else shared + ENGINE_START_S / 2 / 60
+
+
+def rollouts_job_resources(cfg: Config, model: str, sampler: str) -> dict[str, int]:
+    """A rollouts job's Slurm resources: a training job's of the model, its runtime twice the cost
+    model's estimate rounded up to 10 minutes (the training jobs' rule) where the model is in it."""
+    r = job_resources(cfg, model)
+    est = rollouts_minutes(cfg, model, sampler)
+    if est is not None:
+        r["runtime"] = min(r["runtime"], 10 * math.ceil(2 * est / 10))
+    return r
 
 
 def eval_answers_per_eval(cfg: Config, model: str) -> int:
@@ -500,6 +541,10 @@ def plan_text(cfg: Config, source: str = "") -> str:
     warm = [m for m in dict.fromkeys(g.models) if cfg.models[m].kind == "tiny"]
     if warm:
         lines.append(f"warm start: {len(warm)} CPU job(s) first ({', '.join(warm)})")
+    shared = rollouts_jobs(cfg)
+    if shared:
+        lines.append(f"shared rollouts: {len(shared)} job(s) first, one per lagged sampler and seed: the batches its cells "
+                     "sample from θ_0, sampled once (dlcrepro/rollouts.py); counted in the GPU-hours below")
     def row(*cols) -> str:
         return "{:<12}{:>6}{:>9}{:>8}{:>6}  {:<22}{:>16}  {}".format(*cols)
 
@@ -513,6 +558,12 @@ def plan_text(cfg: Config, source: str = "") -> str:
         requested = sum(gpu_minutes(job_resources(cfg, m, c.same_as is not None)) for c in mine)
         est = estimated_minutes(cfg, m)
         est_gpu = None if est is None else est * r["gpu"] * len(trained)
+        for _, sampler, seed in (j for j in shared if j[0] == m):  # each rollouts job, and the cells that read it
+            requested += gpu_minutes(rollouts_job_resources(cfg, m, sampler))
+            if est_gpu is not None:
+                readers = [c for c in trained if c.sampler == sampler and c.seed == seed and not correction_info(c.correction).resync]
+                # a resync correction reads the file only until its first resync: counted as sampling it all
+                est_gpu += r["gpu"] * (rollouts_minutes(cfg, m, sampler) - len(readers) * shared_sampling_minutes(cfg, m, sampler))
         per_job = f"{r['gpu']} GPU, {r['runtime']} min, {r['mem_mb'] // 1000} GB"
         est_text = "—" if est_gpu is None else f"{_hours(est_gpu)} ({est:.0f} min/job)"
         lines.append(row(m, len(mine), len(trained), len(mine) - len(trained), done, per_job, _hours(requested), est_text))

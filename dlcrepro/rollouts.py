@@ -8,8 +8,8 @@ resync correction does until its first resync. `python -m dlcrepro rollouts` sam
 into one file (the workflow's rule `rollouts`); a cell given the file (`train --rollouts`) takes
 each of those steps' batch from it while its engine still holds θ_0, and samples itself after
 that. Nothing else is shared: the trainer's log-probs, the probes and the evaluations stay the
-cell's own. Measured: the same cells with and without the file, identical in every column but the
-seconds (docs/measurements.md#a-cells-time-by-phase-and-kernel-2026-12-01-amd-epyc-with-avx2-no-avx-512-no-amx-2-cores).
+cell's own. Measured: the tiny study's 84 cells with and without the file, identical in every column
+but the seconds (docs/measurements.md, "Shared rollouts: the main command before and after").
 """
 
 from __future__ import annotations

@@ -44,9 +44,11 @@ def test_plan_of_the_paper_grid_counts_cells_gpu_hours_and_the_largest_job(tmp_p
     rows = {m: line.split() for line in out.splitlines() for m in ("qwen3-0.6b", "qwen3-1.7b", "total") if line.startswith(m)}
     # cells, trained, copied, done; GPU-hours requested (Σ runtime × GPUs: copies ask for none) and
     # estimated by the cost model (55.1 and 87.3 minutes per trained job: test_cost_model_minutes_per_paper_job)
-    assert rows["qwen3-0.6b"][1:5] == ["84", "60", "24", "0"] and "120.0" in rows["qwen3-0.6b"] and "55.1" in rows["qwen3-0.6b"]
-    assert rows["qwen3-1.7b"][1:5] == ["84", "60", "24", "0"] and "180.0" in rows["qwen3-1.7b"] and "87.3" in rows["qwen3-1.7b"]
-    assert rows["total"][1:] == ["168", "120", "48", "300.0", "142.3"]
+    # and the 12 shared-rollouts jobs, 2 lagged samplers x 3 seeds per model (test_shared_rollouts_in_the_plan)
+    assert rows["qwen3-0.6b"][1:5] == ["84", "60", "24", "0"] and "122.0" in rows["qwen3-0.6b"] and "(55 min/job)" in p.stdout
+    assert rows["qwen3-1.7b"][1:5] == ["84", "60", "24", "0"] and "183.0" in rows["qwen3-1.7b"] and "(87 min/job)" in p.stdout
+    assert rows["total"][1:] == ["168", "120", "48", "305.0", "138.6"]
+    assert "shared rollouts: 12 job(s) first" in out
     assert "largest single job: train qwen3-1.7b/" in out and "1 GPU, 180 min, 96000 MB, 8 CPUs" in out
     assert out.count(": ok (") == 3 and "MISSING" not in out
 
@@ -119,6 +121,21 @@ def test_cost_model_minutes_per_paper_job():
     assert cluster.estimated_minutes(cfg, "qwen3-0.6b") == pytest.approx(3304.8 / 60)
     assert cluster.estimated_minutes(cfg, "qwen3-1.7b") == pytest.approx(5236 / 60)
     assert cluster.estimated_minutes(load(SMOKE), "tiny") is None  # a CPU model: not in the GPU cost model
+
+
+def test_shared_rollouts_in_the_plan():
+    """By hand, minutes: a rollouts job generates 40 steps x 512 responses x 300 tokens (0.6B at 20,000
+    tokens/s: 5.12; 1.7B at 12,000: 8.53) and starts one engine (1.5): 6.62 and 10.03, requested at
+    twice that rounded up to 10 minutes (20, 30). Each of the 4 trained lagged cells per sampler and
+    seed that never resync (pg, center, is, is_center; ppo is pg's copy) no longer samples them:
+    0.6B 60 x 55.08 + 6 x (6.62 - 4 x 5.12) = 3221.6 min = 53.7 h; 1.7B 60 x 87.27 + 6 x (10.03 -
+    4 x 8.53) = 5091.4 min = 84.9 h; requested 120 + 6 x 20 / 60 = 122.0 and 180 + 6 x 30 / 60 = 183.0."""
+    cfg = cluster.load_merged([str(PAPER)])
+    assert len(cluster.rollouts_jobs(cfg)) == 12
+    assert cluster.rollouts_minutes(cfg, "qwen3-0.6b", "stale") == pytest.approx(40 * 512 * 300 / 20000 / 60 + 1.5)
+    assert cluster.rollouts_job_resources(cfg, "qwen3-0.6b", "stale")["runtime"] == 20
+    assert cluster.rollouts_job_resources(cfg, "qwen3-1.7b", "fp8_stale")["runtime"] == 30
+    assert cluster.rollouts_jobs(load(SMOKE)) == [("tiny", "stale", 0), ("tiny", "fp8_stale", 0)]
 
 
 @pytest.mark.parametrize("model", ["qwen3-0.6b", "qwen3-1.7b"])

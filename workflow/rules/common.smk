@@ -240,8 +240,9 @@ def train_resources(name):
 
 
 def rollouts_resources(name):
-    """Resources of a rollouts job: a trained cell's of its model (it runs that cell's engine)."""
-    return lambda wildcards: cluster.job_resources(CFG, wildcards.model)[name]
+    """Resources of a rollouts job: a trained cell's of its model (it runs that cell's engine), its
+    runtime from the cost model where the model is in it (cluster.rollouts_job_resources)."""
+    return lambda wildcards: cluster.rollouts_job_resources(CFG, wildcards.model, wildcards.sampler)[name]
 
 
 def rollouts_gres(wildcards):
