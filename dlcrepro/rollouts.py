@@ -92,7 +92,8 @@ def write_rollouts(cfg: Config, model: str, sampler_name: str, seed: int, out: P
     tok = load_tokenizer(model_dir)
     train_problems, test_problems = data.load_problems(cfg.task)
     pool = len(train_problems[: t.pool_size or len(train_problems)])
-    policy = load_model(model_dir).eval().requires_grad_(False)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where a cell's trainer holds θ_0 (Trainer)
+    policy = load_model(model_dir).to(device).eval().requires_grad_(False)
     engine = VLLMEngine(str(model_dir), cfg.engine, sampler.precision, seed)
     engine.load_weights({k: v.detach() for k, v in policy.state_dict().items()}, 0)  # as a cell pushes θ_0
     if cfg.engine.sync_check:  # on the prompts a cell's first check scores (Trainer.eval_prompts)
@@ -100,7 +101,7 @@ def write_rollouts(cfg: Config, model: str, sampler_name: str, seed: int, out: P
 
         def trainer_logp(prompts, responses):
             with torch.no_grad():
-                tb = make_token_batch(prompts, responses, tok.pad_token_id)
+                tb = make_token_batch(prompts, responses, tok.pad_token_id).to(device)
                 return token_logprobs(response_logits(policy, tb), tb.tokens)
 
         d = engine.check_sync(trainer_logp, data.encode_prompts(tok, check_on[:4], cfg.task.prompt))
