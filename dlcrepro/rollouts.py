@@ -54,8 +54,8 @@ def save(path: Path, ident: dict, rollouts: dict[int, Rollout]) -> dict:
 
 def load(path: Path, want: dict, need_topk: int) -> dict[int, Rollout]:
     """The rollouts of `path`, step → Rollout, if the file was written for exactly `want`
-    (`identity`, but its top-k) with at least the `need_topk` top-k log-probs a correction reads
-    (0: none); else a ConfigError naming what differs. Loaded as tensors and plain containers only
+    (`identity`, but its top-k) and, where a correction reads them (`need_topk` > 0), with exactly
+    that many top-k log-probs; else a ConfigError naming what differs. Loaded as tensors and plain containers only
     (`weights_only`): a file is never code."""
     path = Path(path)
     try:
