@@ -70,7 +70,8 @@ class Rollout:
     prompt_ids / response_ids: one token-id list per response (B = prompts * n).
     group: `(B,)` index of each response's prompt.
     engine_logp: `(N,)` the engine's log-probability of each sampled response token, all
-      responses concatenated in order (N = total response tokens).
+      responses concatenated in order (N = total response tokens); None where the caller asked
+      for tokens only (`generate(..., logprobs=False)`).
     topk_ids / topk_logp: `(N, k)` the engine's top-k next-token log-probs at each response
       position (None unless asked for); k = vocab size gives the whole distribution.
     version: the weight version the engine sampled with.
@@ -79,7 +80,7 @@ class Rollout:
     prompt_ids: list[list[int]]
     response_ids: list[list[int]]
     group: torch.Tensor
-    engine_logp: torch.Tensor
+    engine_logp: torch.Tensor | None
     topk_ids: torch.Tensor | None
     topk_logp: torch.Tensor | None
     version: int
@@ -124,8 +125,9 @@ class Engine(Protocol):
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Replace the engine's weights (trainer parameter names) and record their version."""
 
-    def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int, topk: int = 0) -> Rollout:
-        """Sample `n` responses per prompt at temperature 1; `topk` > 0 also returns next-token log-probs."""
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int, topk: int = 0, logprobs: bool = True) -> Rollout:
+        """Sample `n` responses per prompt at temperature 1, with the sampled tokens' log-probs
+        (none where `logprobs` is False: the same tokens); `topk` > 0 also returns next-token log-probs."""
 
     def greedy(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
         """Greedy decoding of each prompt (evaluation)."""
@@ -455,13 +457,18 @@ class VLLMEngine:
             skip_special_tokens=False,
         )
 
-    def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int, topk: int = 0) -> Rollout:
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int, topk: int = 0, logprobs: bool = True) -> Rollout:
+        """`n` responses per prompt. `logprobs=False` (probes, evaluation: only the tokens are read)
+        asks vLLM for none: the same tokens (log-probs are computed beside the sampling and draw no
+        random numbers), without the per-token log-prob lists in Python."""
         from vllm.inputs import TokensPrompt
 
         self._check_loaded()
         k = min(topk, self.vocab_size) if topk > 0 else 0
+        if k and not logprobs:
+            raise ValueError("generate: top-k log-probs asked for with logprobs=False")
         seeds = request_seeds(seed, len(prompts))
-        params = [self._params(n, s, k) for s in seeds]
+        params = [self._params(n, s, k if logprobs else None) for s in seeds]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         prompt_ids, response_ids, group, logp, tk_ids, tk_logp = [], [], [], [], [], []
         for i, out in enumerate(outs):
@@ -471,6 +478,8 @@ class VLLMEngine:
                 prompt_ids.append(list(prompts[i]))
                 response_ids.append(ids)
                 group.append(i)
+                if not logprobs:
+                    continue
                 # FlatLogprobs: at each position the sampled token comes first, then the top-k by rank.
                 for pos, tok in enumerate(ids):
                     s, e = lp.start_indices[pos], lp.end_indices[pos]
@@ -485,7 +494,7 @@ class VLLMEngine:
             prompt_ids=prompt_ids,
             response_ids=response_ids,
             group=torch.tensor(group, dtype=torch.long),
-            engine_logp=torch.tensor(logp, dtype=torch.float32),
+            engine_logp=torch.tensor(logp, dtype=torch.float32) if logprobs else None,
             topk_ids=torch.tensor(tk_ids, dtype=torch.long).reshape(-1, k) if k else None,
             topk_logp=torch.tensor(tk_logp, dtype=torch.float32).reshape(-1, k) if k else None,
             version=self.version,

@@ -325,7 +325,7 @@ def _repetition(tr, synced: bool, corrections: list[str], n: int, rep: int, seed
     lp.kept = None  # a kept graph is freed by the first correction's backward: each correction recomputes θ_t's logits
     e = rollout.engine_logp.to(tr.device)
     mism = mismatch_metrics(e.cpu(), lp.a.cpu(), lp.b.cpu(), s.tb.seq.cpu(), s.tb.num_seqs)
-    both = tr.probe_engine.generate(prompts + prompts, k, derive_seed(seed, rep, f"{tag}/probes"))
+    both = tr.probe_engine.generate(prompts + prompts, k, derive_seed(seed, rep, f"{tag}/probes"), logprobs=False)
     probes = [tr.score(r, idx) for r in both.split(len(prompts))]
     g_on, g_on2, off_support = tr.probe(probes)
     base = {

@@ -416,8 +416,9 @@ class Trainer(Learner):
         with timer("probe"):
             if probing:
                 self.sync_probe(cell.step)
-                # the two probe batches in one engine call: the prompts twice, independent seeds
-                both = self.probe_engine.generate(prompts + prompts, t.responses_per_prompt, derive_seed(self.seed, k, "probes"))
+                # the two probe batches in one engine call: the prompts twice, independent seeds; their
+                # tokens only (the probe's gradients are the trainer's)
+                both = self.probe_engine.generate(prompts + prompts, t.responses_per_prompt, derive_seed(self.seed, k, "probes"), logprobs=False)
                 probes = [self.score(r, idx) for r in both.split(len(prompts))]
                 g_on, g_on2, row["off_support"] = self.probe(probes)
 
@@ -466,7 +467,7 @@ class Trainer(Learner):
         t = self.tcfg
         self.sync_probe(version)
         greedy = self._correct(self.eval_problems, self.probe_engine.greedy(self.eval_prompts))
-        sampled = self.probe_engine.generate(self.eval_prompts, t.eval_samples, derive_seed(self.seed, version, "eval"))
+        sampled = self.probe_engine.generate(self.eval_prompts, t.eval_samples, derive_seed(self.seed, version, "eval"), logprobs=False)
         out = {
             "accuracy_greedy": float(np.mean(greedy)),
             "accuracy_sampled": float(np.mean(self._correct([self.eval_problems[g] for g in sampled.group.tolist()], sampled.response_ids))),
