@@ -96,6 +96,14 @@ def updates_per_batch(name: str, train) -> int:
     return info.updates_per_batch if info.updates_per_batch is not None else train.updates_per_batch
 
 
+def engine_topk(name: str, engine) -> int:
+    """The top-k next-token log-probs the engine returns for correction `name` under an `engine`
+    config (config.EngineConfig): engine.topk where its loss reads the engine's distribution q,
+    else 0 (~20 % of a tiny-model sampling call; on Qwen3 the (N, V) q is the trainer's largest
+    tensor). What a cell samples with and what its shared rollouts must hold."""
+    return engine.topk if correction_info(name).needs_q else 0
+
+
 def resync_corrections() -> tuple[str, ...]:
     """The corrections that resynchronize their sampler (the tables split runs by it)."""
     return tuple(n for n, c in CORRECTION_INFO.items() if c.resync)

@@ -34,7 +34,7 @@ from .diagnostics import dev_ratio, kl_rows, mismatch_metrics, off_support_share
 from .engine import Rollout, SyncCheckError, VLLMEngine
 from .grid import computed_as, get_sampler
 from .model import TokenBatch, load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
-from .registry import updates_per_batch
+from .registry import engine_topk, updates_per_batch
 from .util import DamagedFileError, Diverged, NonFiniteError, atomic_save, atomic_write_text, disk_full, log, remove_leftovers
 
 PHASES = ("sync", "sample", "score", "logprobs", "resync", "probe", "correction", "update", "eval", "checkpoint")
@@ -292,9 +292,7 @@ class Trainer(Learner):
         self.sync_checks: list[dict] = []  # one per checked weight sync: engine, version, discrepancy, seconds
         self.matched_weight_max: dict[int, float] = {}  # per engine (id): the largest |weight| of the last version it matched
         self.ckpt_on_disk: dict | None = None  # the sidecar entry of the checkpoint file on disk (checkpoint.save)
-        # the engine's top-k log-probs only for a correction whose loss reads its distribution
-        # (~20 % of a tiny-model sampling call; on Qwen3 the (N, V) q is the trainer's largest tensor)
-        self.topk = cfg.engine.topk if self.correction.needs_q else 0
+        self.topk = engine_topk(correction, cfg.engine)
         self.shared_rollouts: dict[int, Rollout] = {}  # step -> the batch this sampler's cells share (rollouts.py; set by train_cell)
         if self.correction.needs_q and self.topk < 1:
             raise ConfigError(f"engine.topk={self.topk}: correction {correction!r} reads the engine's next-token distribution; it must be >= 1")
@@ -767,7 +765,7 @@ def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkp
     t0 = time.perf_counter()
     shared = {}
     if shared_rollouts is not None:  # checked before anything loads: another run's file stops here
-        topk = cfg.engine.topk if get_correction(meta["correction"]).needs_q else 0  # what Trainer.topk will be
+        topk = engine_topk(meta["correction"], cfg.engine)  # what Trainer.topk will be
         shared = rollouts.load(shared_rollouts, rollouts.identity(cfg, meta["model"], meta["sampler"], meta["seed"], mdir, topk), topk)
         note(f"steps {min(shared)}-{max(shared)}: the batches its engine samples at θ_0 are read from {shared_rollouts}")
     torch.manual_seed(meta["seed"])

@@ -18,7 +18,7 @@ from dlcrepro.config import build as build_config
 from dlcrepro.config import with_base
 from dlcrepro.grid import computed_as, get_sampler
 from dlcrepro.paths import BUILT_HERE, REHEARSAL_DATASET, REHEARSAL_MODEL, cache_repo_dir, hf_hub_cache
-from dlcrepro.registry import correction_info, updates_per_batch
+from dlcrepro.registry import engine_topk, updates_per_batch
 
 # An overlay (`base: configs/tiny.yaml`, as configs/zoo.yaml) stands on its own: laid over its base
 # here, the key gone, so the jobs' configs are those of the merged file.
@@ -125,7 +125,7 @@ def rollouts_topk(wildcards):
     w = wildcards
     readers = [c["correction"] for c in CELLS if (c["model"], c["sampler"], str(c["seed"])) == (w.model, w.sampler, str(w.seed))
                and cluster.copy_source(CFG, c["model"], c["sampler"], c["correction"], c["seed"], CELL_KEYS) is None]
-    return CFG.engine.topk if any(correction_info(c).needs_q for c in readers) else 0
+    return max((engine_topk(c, CFG.engine) for c in readers), default=0)
 
 
 def _alternatives(values):
