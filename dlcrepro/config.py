@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 import typing
@@ -355,6 +356,15 @@ def _scalar_ok(value: Any, want: type) -> bool:
     return want is float or isinstance(value, int)
 
 
+def _yaml_float_hint(value: Any) -> str:
+    """Why a number written like `1e-3` arrives as text: YAML 1.1 (PyYAML, and so Snakemake's
+    --configfile) reads an exponent as a float only with a dot in the mantissa."""
+    if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+|\.\d+)[eE][-+]?\d+", value.strip()):
+        m, e = value.strip().lower().split("e")
+        return f" (YAML reads {value} as text: write {m}.0e{e})" if "." not in m else ""
+    return ""
+
+
 def literal_choices(hint) -> tuple | None:
     """The values a `Literal[...]` field allows (None for any other type)."""
     return typing.get_args(hint) if typing.get_origin(hint) is Literal else None
@@ -382,7 +392,7 @@ def _build(cls, data: Any, where: str):
         elif isinstance(f.default, tuple) and isinstance(value, list):
             value = tuple(value)
         elif isinstance(f.default, (bool, int, float, str)) and not _scalar_ok(value, type(f.default)):
-            raise ConfigError(f"{key}: expected {type(f.default).__name__}, got {value!r}")
+            raise ConfigError(f"{key}: expected {type(f.default).__name__}, got {value!r}" + _yaml_float_hint(value))
         if "range" in f.metadata:
             _check_range(key, value, f.metadata["range"])
         kwargs[name] = value

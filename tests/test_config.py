@@ -208,6 +208,17 @@ def test_a_number_that_is_not_finite_or_not_a_number_is_refused(value, message):
         load(SMOKE, {"train.lr": value})
 
 
+def test_an_exponent_yaml_reads_as_text_is_refused_saying_how_to_write_it(tmp_path):
+    """`lr: 1e-3` is a string to YAML 1.1 (PyYAML, Snakemake): the error names the key and the fix."""
+    cfg, data = tmp_path / "c.yaml", yaml.safe_load(SMOKE.read_text())
+    data["train"]["lr"] = "PLACEHOLDER"
+    cfg.write_text(yaml.safe_dump(data).replace("PLACEHOLDER", "1e-3"))
+    with pytest.raises(ConfigError, match=re.escape("train.lr: expected float, got '1e-3' (YAML reads 1e-3 as text: write 1.0e-3)")):
+        load(cfg)
+    cfg.write_text(yaml.safe_dump(data).replace("PLACEHOLDER", "1.0e-3"))
+    assert load(cfg).train.lr == 1e-3
+
+
 def test_per_model_train_overrides():
     cfg = load(SMOKE, {"models.tiny.train": {"lr": 0.05}})
     assert cfg.train_for("tiny").lr == 0.05 and cfg.train.lr == 0.3
