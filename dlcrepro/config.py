@@ -358,11 +358,13 @@ def _scalar_ok(value: Any, want: type) -> bool:
 
 def _yaml_float_hint(value: Any) -> str:
     """Why a number written like `1e-3` arrives as text: YAML 1.1 (PyYAML, and so Snakemake's
-    --configfile) reads an exponent as a float only with a dot in the mantissa."""
-    if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+|\.\d+)[eE][-+]?\d+", value.strip()):
-        m, e = value.strip().lower().split("e")
-        return f" (YAML reads {value} as text: write {m}.0e{e})" if "." not in m else ""
-    return ""
+    --configfile) reads an exponent as a float only with a dot in the mantissa and a sign in the
+    exponent (1.0e-3, 1.0e+3)."""
+    m = re.fullmatch(r"([-+]?(?:\d+\.?\d*|\.\d+))[eE]([-+]?)(\d+)", value.strip()) if isinstance(value, str) else None
+    if m is None or isinstance(yaml.safe_load(value), float):  # a float YAML reads as one was quoted: no hint
+        return ""
+    mantissa, sign, exponent = m.groups()
+    return f" (YAML reads {value} as text: write {mantissa if '.' in mantissa else mantissa + '.0'}e{sign or '+'}{exponent})"
 
 
 def literal_choices(hint) -> tuple | None:

@@ -215,6 +215,9 @@ def test_an_exponent_yaml_reads_as_text_is_refused_saying_how_to_write_it(tmp_pa
     cfg.write_text(yaml.safe_dump(data).replace("PLACEHOLDER", "1e-3"))
     with pytest.raises(ConfigError, match=re.escape("train.lr: expected float, got '1e-3' (YAML reads 1e-3 as text: write 1.0e-3)")):
         load(cfg)
+    cfg.write_text(yaml.safe_dump(data).replace("PLACEHOLDER", "2e2"))  # no sign: text too
+    with pytest.raises(ConfigError, match=re.escape("write 2.0e+2")):
+        load(cfg)
     cfg.write_text(yaml.safe_dump(data).replace("PLACEHOLDER", "1.0e-3"))
     assert load(cfg).train.lr == 1e-3
 
