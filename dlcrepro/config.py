@@ -357,8 +357,8 @@ def _scalar_ok(value: Any, want: type) -> bool:
 
 
 def _yaml_float_hint(value: Any) -> str:
-    """Why a number written like `1e-3` arrives as text: YAML 1.1 (PyYAML, and so Snakemake's
-    --configfile) reads an exponent as a float only with a dot in the mantissa and a sign in the
+    """Why a number written like `1e-3` arrives as text: YAML 1.1 (PyYAML, and Snakemake's
+    --configfile, whose schema check refuses it before this runs) reads an exponent as a float only with a dot in the mantissa and a sign in the
     exponent (1.0e-3, 1.0e+3)."""
     m = re.fullmatch(r"([-+]?(?:\d+\.?\d*|\.\d+))[eE]([-+]?)(\d+)", value.strip()) if isinstance(value, str) else None
     if m is None or isinstance(yaml.safe_load(value), float):  # a float YAML reads as one was quoted: no hint

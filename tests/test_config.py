@@ -209,7 +209,8 @@ def test_a_number_that_is_not_finite_or_not_a_number_is_refused(value, message):
 
 
 def test_an_exponent_yaml_reads_as_text_is_refused_saying_how_to_write_it(tmp_path):
-    """`lr: 1e-3` is a string to YAML 1.1 (PyYAML, Snakemake): the error names the key and the fix."""
+    """`lr: 1e-3` is a string to YAML 1.1 (PyYAML, Snakemake): `config.load`'s error names the key
+    and the fix (in the workflow the schema check refuses it first, naming the key)."""
     cfg, data = tmp_path / "c.yaml", yaml.safe_load(SMOKE.read_text())
     data["train"]["lr"] = "PLACEHOLDER"
     cfg.write_text(yaml.safe_dump(data).replace("PLACEHOLDER", "1e-3"))
