@@ -57,7 +57,8 @@ def cmd_train(args) -> int:
     section = from_env()
     cfg = load(args.config, {**({"tracking": section} if section else {}), **_overrides(args.set)})
     summary = run_cell(cfg, args.model, args.sampler, args.correction, args.seed, Path(args.out), model_dir=args.model_dir,
-                       keep_checkpoint=args.keep_checkpoint, shared_rollouts=Path(args.rollouts) if args.rollouts else None)
+                       keep_checkpoint=args.keep_checkpoint, shared_rollouts=Path(args.rollouts) if args.rollouts else None,
+                       initial_eval=Path(args.initial) if args.initial else None)
     print(json.dumps(summary, indent=1))
     return 0
 
@@ -71,6 +72,18 @@ def cmd_rollouts(args) -> int:
 
     cfg = _load(args)
     write_rollouts(cfg, args.model, args.sampler, args.seed, Path(args.out), cell_model_dir(cfg, args.model, args.model_dir), args.topk)
+    return 0
+
+
+def cmd_initial_eval(args) -> int:
+    status = _via_server(args)
+    if status is not None:
+        return status
+    from .initial_eval import write_initial_eval
+    from .train import cell_model_dir
+
+    cfg = _load(args)
+    write_initial_eval(cfg, args.model, args.seed, Path(args.out), cell_model_dir(cfg, args.model, args.model_dir))
     return 0
 
 
@@ -211,8 +224,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="keep the final state as checkpoint.pt (θ_t and θ_s after the last step: an input for `scan --checkpoint`)")
     t.add_argument("--rollouts", metavar="FILE",
                    help="the batches its sampler's cells share (`rollouts`): read while the engine holds θ_0, not sampled")
+    t.add_argument("--initial", metavar="FILE",
+                   help="its seed's θ_0 evaluation (`initial-eval`): θ_0's accuracies read, not measured again")
     server_option(t)
     t.set_defaults(fn=cmd_train)
+
+    ie = sub.add_parser("initial-eval", help="evaluate θ_0 once for every cell of a seed (for `train --initial`)")
+    common(ie)
+    ie.add_argument("--seed", type=int, required=True)
+    ie.add_argument("--out", required=True, help="the θ_0 evaluation file (JSON)")
+    ie.add_argument("--model-dir", help="model weights directory (default from the config)")
+    server_option(ie)
+    ie.set_defaults(fn=cmd_initial_eval)
 
     ro = sub.add_parser("rollouts", help="sample once the steps every cell of a lagged sampler samples from θ_0 (for `train --rollouts`)")
     common(ro)

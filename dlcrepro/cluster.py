@@ -167,9 +167,34 @@ def estimated_minutes(cfg: Config, model: str) -> float | None:
     engine_tokens = batch * RESPONSE_TOKENS * (1 + 2 * probe_share)  # the run's batch and two probe batches
     step = scale * (cost.logprobs_s + cost.correction_s + probe_share * cost.probes_s) + engine_tokens / cost.engine_tokens_per_s + cost.sync_s
     eval_steps = {k for k in range(1, t.steps + 1) if k % t.eval_every == 0} | {t.steps}
-    answers = eval_answers_per_eval(cfg, model)
-    evals = (1 + len(eval_steps)) * answers * RESPONSE_TOKENS / cost.engine_tokens_per_s  # θ_0's and each eval step's
+    # each eval step's; θ_0's is its seed's initial_eval job's (initial_eval_minutes)
+    evals = len(eval_steps) * eval_answers_per_eval(cfg, model) * RESPONSE_TOKENS / cost.engine_tokens_per_s
     return (t.steps * step + evals + ENGINE_START_S) / 60
+
+
+def initial_eval_jobs(cfg: Config) -> list[tuple[str, int]]:
+    """(model, seed) of every θ_0 evaluation job (dlcrepro/initial_eval.py): one per model and seed
+    with a trained cell to read it."""
+    return list(dict.fromkeys((c.model, c.seed) for c in grid_cells(cfg) if c.same_as is None))
+
+
+def initial_eval_minutes(cfg: Config, model: str) -> float | None:
+    """Minutes of one θ_0 evaluation job by the cost model: one evaluation's answers and one
+    engine's start; None where the model is not in the cost model."""
+    cost = step_cost(cfg, model)
+    if cost is None:
+        return None
+    return (eval_answers_per_eval(cfg, model) * RESPONSE_TOKENS / cost.engine_tokens_per_s + ENGINE_START_S / 2) / 60
+
+
+def initial_eval_job_resources(cfg: Config, model: str) -> dict[str, int]:
+    """A θ_0 evaluation job's Slurm resources: a training job's of the model, its runtime twice the
+    cost model's estimate rounded up to 10 minutes where the model is in it (as a rollouts job's)."""
+    r = job_resources(cfg, model)
+    est = initial_eval_minutes(cfg, model)
+    if est is not None:
+        r["runtime"] = min(r["runtime"], 10 * math.ceil(2 * est / 10))
+    return r
 
 
 def rollouts_jobs(cfg: Config) -> list[tuple[str, str, int]]:
@@ -545,6 +570,10 @@ def plan_text(cfg: Config, source: str = "") -> str:
     if shared:
         lines.append(f"shared rollouts: {len(shared)} job(s) first, one per lagged sampler and seed: the batches its cells "
                      "sample from θ_0, sampled once (dlcrepro/rollouts.py); counted in the GPU-hours below")
+    initial = initial_eval_jobs(cfg)
+    if initial:
+        lines.append(f"θ_0 evaluations: {len(initial)} job(s) first, one per model and seed: θ_0's accuracies, where every "
+                     "cell's curve starts, evaluated once (dlcrepro/initial_eval.py); counted in the GPU-hours below")
     def row(*cols) -> str:
         return "{:<12}{:>6}{:>9}{:>8}{:>6}  {:<22}{:>16}  {}".format(*cols)
 
@@ -564,6 +593,10 @@ def plan_text(cfg: Config, source: str = "") -> str:
                 readers = [c for c in trained if c.sampler == sampler and c.seed == seed and not correction_info(c.correction).resync]
                 # a resync correction reads the file only until its first resync: counted as sampling it all
                 est_gpu += r["gpu"] * (rollouts_minutes(cfg, m, sampler) - len(readers) * shared_sampling_minutes(cfg, m, sampler))
+        for _ in (j for j in initial if j[0] == m):  # each θ_0 evaluation job
+            requested += gpu_minutes(initial_eval_job_resources(cfg, m))
+            if est_gpu is not None:
+                est_gpu += r["gpu"] * initial_eval_minutes(cfg, m)
         per_job = f"{r['gpu']} GPU, {r['runtime']} min, {r['mem_mb'] // 1000} GB"
         est_text = "—" if est_gpu is None else f"{_hours(est_gpu)} ({est:.0f} min/job)"
         lines.append(row(m, len(mine), len(trained), len(mine) - len(trained), done, per_job, _hours(requested), est_text))

@@ -7,8 +7,8 @@ first sync. So every correction of the grid samples the same batches there, bit 
 resync correction does until its first resync. `python -m dlcrepro rollouts` samples them once
 into one file (the workflow's rule `rollouts`); a cell given the file (`train --rollouts`) takes
 each of those steps' batch from it while its engine still holds θ_0, and samples itself after
-that. Nothing else is shared: the trainer's log-probs, the probes and the evaluations stay the
-cell's own. Measured: the tiny study's 84 cells with and without the file, identical in every column
+that. Nothing else is shared here: the trainer's log-probs, the probes and the evaluations stay the
+cell's own (θ_0's evaluation is shared per seed by initial_eval.py). Measured: the tiny study's 84 cells with and without the file, identical in every column
 but the seconds (docs/measurements.md, "Shared rollouts: the main command before and after").
 """
 
@@ -84,6 +84,9 @@ def write_rollouts(cfg: Config, model: str, sampler_name: str, seed: int, out: P
     from .model import load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
     from .train import derive_seed, step_problems
 
+    from .cluster import check_device
+
+    check_device(cfg, model)  # a GPU job on a CPU torch stops here, as a training job does
     sampler = get_sampler(sampler_name)
     t = cfg.train_for(model)
     count = sampler.shared_steps(t.steps, t.sync_every)

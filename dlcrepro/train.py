@@ -33,6 +33,8 @@ from .corrections import CorrectionParams, TokenTerms, concat_weights, engine_di
 from .diagnostics import dev_ratio, kl_rows, mismatch_metrics, off_support_share, squared_distance
 from .engine import Rollout, SyncCheckError, VLLMEngine
 from .grid import computed_as, get_sampler
+from .initial_eval import identity as initial_identity
+from .initial_eval import load_initial_eval
 from .model import TokenBatch, load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
 from .registry import engine_topk, updates_per_batch
 from .util import DamagedFileError, Diverged, NonFiniteError, atomic_save, atomic_write_text, disk_full, log, remove_leftovers
@@ -699,10 +701,11 @@ def same_run(cfg: Config, meta: dict, out: Path) -> tuple[Path | None, str]:
     return None, why
 
 
-def start_or_resume(tr: Trainer, ckpt: Path, out: Path, meta: dict, run: dict, note) -> Cell:
+def start_or_resume(tr: Trainer, ckpt: Path, out: Path, meta: dict, run: dict, note, initial: dict | None = None) -> Cell:
     """The run's state: from its checkpoint if there is one that verifies as this run's, else fresh,
-    with θ_0's accuracies measured (where every run's accuracy curve starts); a checkpoint that does
-    not verify is set aside, named. The engines then hold θ_s."""
+    with θ_0's accuracies (where every run's accuracy curve starts): `initial` where its seed's were
+    computed once (initial_eval.py), else measured here; a checkpoint that does not verify is set
+    aside, named. The engines then hold θ_s."""
     cell = None
     if ckpt.exists():
         try:
@@ -714,7 +717,11 @@ def start_or_resume(tr: Trainer, ckpt: Path, out: Path, meta: dict, run: dict, n
     if cell is None:
         cell = Cell()
         note(f"starting {out}: {meta}")
-        cell.initial = tr.evaluate(0)
+        if initial is None:
+            cell.initial = tr.evaluate(0)
+        else:  # the probe engine still gets θ_0 and its check, as evaluate(0) gives them
+            cell.initial = dict(initial)
+            tr.sync_probe(0)
     where = {k: os.environ[k] for k in ("SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES") if k in os.environ}
     note(f"device {tr.device}, torch threads {torch.get_num_threads()}" + "".join(f", {k}={v}" for k, v in where.items()))
     tr.push_weights(tr.engine, tr.sampler_model, cell.sampler_version)
@@ -757,13 +764,18 @@ def train_steps(tr: Trainer, cell: Cell, ckpt: Path, run: dict, note, desc: str,
     return totals
 
 
-def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkpoint: bool, shared_rollouts: Path | None = None) -> dict:
+def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkpoint: bool, shared_rollouts: Path | None = None,
+               initial_eval: Path | None = None) -> dict:
     """Train the cell `meta` to its last step (resuming from its checkpoint if there is one) and
     write its metrics and summary; the checkpoint is then removed unless `keep_checkpoint`.
     `shared_rollouts`: the file of its sampler's shared steps (rollouts.py), which it samples itself
-    without."""
+    without; `initial_eval`: the file of its seed's θ_0 evaluation (initial_eval.py), which it
+    computes itself without."""
     t0 = time.perf_counter()
-    shared = {}
+    shared, initial = {}, None
+    if initial_eval is not None:  # checked before anything loads, as the rollouts are
+        initial = load_initial_eval(initial_eval, initial_identity(cfg, meta["model"], meta["seed"], mdir))
+        note(f"θ_0's accuracies are read from {initial_eval}")
     if shared_rollouts is not None:  # checked before anything loads: another run's file stops here
         topk = engine_topk(meta["correction"], cfg.engine)  # what Trainer.topk will be
         shared = rollouts.load(shared_rollouts, rollouts.identity(cfg, meta["model"], meta["sampler"], meta["seed"], mdir, topk), topk)
@@ -773,7 +785,7 @@ def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkp
     tr.shared_rollouts = shared
     setup_sec = time.perf_counter() - t0
     ckpt, run = out / CKPT_FILE, run_identity(meta, cfg)
-    cell = start_or_resume(tr, ckpt, out, meta, run, note)
+    cell = start_or_resume(tr, ckpt, out, meta, run, note, initial)
     trackers = tracking.open_trackers(cfg, out, note, first_step=cell.step + 1)
     trackers.start(meta, tracking.cell_params(cfg, meta))
     try:
@@ -802,10 +814,11 @@ def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkp
 
 
 def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, out: Path, model_dir: str | None = None,
-             keep_checkpoint: bool = False, shared_rollouts: Path | None = None) -> dict:
+             keep_checkpoint: bool = False, shared_rollouts: Path | None = None, initial_eval: Path | None = None) -> dict:
     """Run (or resume, or return the finished) cell; write metrics, config, summary and log into `out`.
     A cell whose numbers a finished cell of the grid computes bit for bit copies them instead.
-    `shared_rollouts`: its sampler's shared steps (rollouts.py): the same numbers, sampled once."""
+    `shared_rollouts`: its sampler's shared steps (rollouts.py); `initial_eval`: its seed's θ_0
+    evaluation (initial_eval.py): the same numbers, computed once."""
     out = Path(out)
     if (out / SUMMARY_FILE).exists() and (out / METRICS_FILE).exists():
         return json.loads((out / SUMMARY_FILE).read_text())
@@ -821,4 +834,4 @@ def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, 
     with cell_log(out / LOG_FILE) as note:
         for tmp in remove_leftovers(out):  # a killed run's half-written file: never a result, only space taken
             note(f"removed {tmp.name}, left half-written by an earlier run")
-        return train_cell(cfg, meta, mdir, out, note, keep_checkpoint, shared_rollouts)
+        return train_cell(cfg, meta, mdir, out, note, keep_checkpoint, shared_rollouts, initial_eval)

@@ -43,13 +43,14 @@ def test_plan_of_the_paper_grid_counts_cells_gpu_hours_and_the_largest_job(tmp_p
     assert "168 cells: 120 trained, 48 copied" in out, out
     rows = {m: line.split() for line in out.splitlines() for m in ("qwen3-0.6b", "qwen3-1.7b", "total") if line.startswith(m)}
     # cells, trained, copied, done; GPU-hours requested (Σ runtime × GPUs: copies ask for none) and
-    # estimated by the cost model (55.1 and 87.3 minutes per trained job: test_cost_model_minutes_per_paper_job)
-    # and the 12 shared-rollouts jobs, 2 lagged samplers x 3 seeds per model (test_shared_rollouts_in_the_plan)
-    assert rows["qwen3-0.6b"][1:5] == ["84", "60", "24", "0"] and "122.0" in rows["qwen3-0.6b"] and "(55 min/job)" in p.stdout
-    assert rows["qwen3-1.7b"][1:5] == ["84", "60", "24", "0"] and "183.0" in rows["qwen3-1.7b"] and "(87 min/job)" in p.stdout
-    assert rows["total"][1:] == ["168", "120", "48", "305.0", "138.6"]
-    assert "shared rollouts: 12 job(s) first" in out
-    assert "largest single job: train qwen3-1.7b/" in out and "1 GPU, 180 min, 96000 MB, 8 CPUs" in out
+    # estimated by the cost model (52.8 and 83.4 minutes per trained job: test_cost_model_minutes_per_paper_job),
+    # the 12 shared-rollouts jobs, 2 lagged samplers x 3 seeds per model (test_shared_rollouts_in_the_plan),
+    # and the 6 θ_0 evaluations, one per model and seed (test_initial_evaluations_in_the_plan)
+    assert rows["qwen3-0.6b"][1:5] == ["84", "60", "24", "0"] and "112.5" in rows["qwen3-0.6b"] and "(53 min/job)" in p.stdout
+    assert rows["qwen3-1.7b"][1:5] == ["84", "60", "24", "0"] and "174.0" in rows["qwen3-1.7b"] and "(83 min/job)" in p.stdout
+    assert rows["total"][1:] == ["168", "120", "48", "286.5", "132.9"]
+    assert "shared rollouts: 12 job(s) first" in out and "θ_0 evaluations: 6 job(s) first" in out
+    assert "largest single job: train qwen3-1.7b/" in out and "1 GPU, 170 min, 96000 MB, 8 CPUs" in out
     assert out.count(": ok (") == 3 and "MISSING" not in out
 
 
@@ -114,12 +115,12 @@ def test_tiny_configs_need_nothing_from_the_cache(tmp_path):
 
 def test_cost_model_minutes_per_paper_job():
     """By hand, seconds: 40 steps × (trainer share + 3 engine batches of 512 × 300 tokens + syncs)
-    + 5 evaluations (θ_0 and steps 10..40) × 1,024 × (1 greedy + 8 sampled) answers × 300 tokens
-    + 180 engine start. 0.6B: 40 × (34.8 + 23.04 + 3) + 5 × 9216 × 300 / 20000 + 180 = 3304.8;
-    1.7B: 40 × (53.2 + 38.4 + 6) + 5 × 9216 × 300 / 12000 + 180 = 5236."""
+    + 4 evaluations (steps 10..40; θ_0's is its seed's job's) × 1,024 × (1 greedy + 8 sampled)
+    answers × 300 tokens + 180 engine start. 0.6B: 40 × (34.8 + 23.04 + 3) + 4 × 9216 × 300 / 20000
+    + 180 = 3166.56; 1.7B: 40 × (53.2 + 38.4 + 6) + 4 × 9216 × 300 / 12000 + 180 = 5005.6."""
     cfg = cluster.load_merged([str(PAPER)])
-    assert cluster.estimated_minutes(cfg, "qwen3-0.6b") == pytest.approx(3304.8 / 60)
-    assert cluster.estimated_minutes(cfg, "qwen3-1.7b") == pytest.approx(5236 / 60)
+    assert cluster.estimated_minutes(cfg, "qwen3-0.6b") == pytest.approx(3166.56 / 60)
+    assert cluster.estimated_minutes(cfg, "qwen3-1.7b") == pytest.approx(5005.6 / 60)
     assert cluster.estimated_minutes(load(SMOKE), "tiny") is None  # a CPU model: not in the GPU cost model
 
 
@@ -128,14 +129,29 @@ def test_shared_rollouts_in_the_plan():
     tokens/s: 5.12; 1.7B at 12,000: 8.53) and starts one engine (1.5): 6.62 and 10.03, requested at
     twice that rounded up to 10 minutes (20, 30). Each of the 4 trained lagged cells per sampler and
     seed that never resync (pg, center, is, is_center; ppo is pg's copy) no longer samples them:
-    0.6B 60 x 55.08 + 6 x (6.62 - 4 x 5.12) = 3221.6 min = 53.7 h; 1.7B 60 x 87.27 + 6 x (10.03 -
-    4 x 8.53) = 5091.4 min = 84.9 h; requested 120 + 6 x 20 / 60 = 122.0 and 180 + 6 x 30 / 60 = 183.0."""
+    6 x (6.62 - 4 x 5.12) = -83.2 min for 0.6B and 6 x (10.03 - 4 x 8.53) = -144.6 for 1.7B, beside
+    the 60 trained jobs' 60 x 52.78 and 60 x 83.43 minutes and 20 and 30 minutes requested a job."""
     cfg = cluster.load_merged([str(PAPER)])
     assert len(cluster.rollouts_jobs(cfg)) == 12
     assert cluster.rollouts_minutes(cfg, "qwen3-0.6b", "stale") == pytest.approx(40 * 512 * 300 / 20000 / 60 + 1.5)
     assert cluster.rollouts_job_resources(cfg, "qwen3-0.6b", "stale")["runtime"] == 20
     assert cluster.rollouts_job_resources(cfg, "qwen3-1.7b", "fp8_stale")["runtime"] == 30
     assert cluster.rollouts_jobs(load(SMOKE)) == [("tiny", "stale", 0), ("tiny", "fp8_stale", 0)]
+
+
+def test_initial_evaluations_in_the_plan():
+    """By hand, minutes: a θ_0 evaluation job answers 1,024 problems × 9 times × 300 tokens (0.6B at
+    20,000 tokens/s: 2.30; 1.7B at 12,000: 3.84) and starts one engine (1.5): 3.80 and 5.34, requested
+    at twice that rounded up to 10 minutes (10, 20); one per model and seed. With the rollouts
+    (test_shared_rollouts_in_the_plan): 0.6B 60 x 52.776 - 83.16 + 3 x 3.804 = 3094.8 min = 51.6 h,
+    requested 60 x 110 + 6 x 20 + 3 x 10 min = 112.5 h; 1.7B 60 x 83.427 - 144.6 + 3 x 5.34 =
+    4877.0 min = 81.3 h, requested 60 x 170 + 6 x 30 + 3 x 20 min = 174.0 h (the plan test)."""
+    cfg = cluster.load_merged([str(PAPER)])
+    assert cluster.initial_eval_jobs(cfg) == [(m, s) for m in ("qwen3-0.6b", "qwen3-1.7b") for s in (0, 1, 2)]
+    assert cluster.initial_eval_minutes(cfg, "qwen3-0.6b") == pytest.approx(9216 * 300 / 20000 / 60 + 1.5)
+    assert cluster.initial_eval_job_resources(cfg, "qwen3-0.6b")["runtime"] == 10
+    assert cluster.initial_eval_job_resources(cfg, "qwen3-1.7b")["runtime"] == 20
+    assert cluster.initial_eval_jobs(load(SMOKE)) == [("tiny", 0)]
 
 
 @pytest.mark.parametrize("model", ["qwen3-0.6b", "qwen3-1.7b"])

@@ -113,15 +113,16 @@ def test_smoke_grid_through_slurm_then_a_deleted_cell_reruns_with_its_copy_only(
 
 
 def test_gpu_marked_job_receives_its_gpu_and_refuses_to_train_on_a_cpu_torch(slurm_cluster, snakemake_slurm, outdirs, tmp_path):
-    """`gpu: 1` reaches the job as --gres=gpu:1 (CUDA_VISIBLE_DEVICES: one of the local cluster's
-    fake GPUs), and the job, whose torch is the CPU build, stops before training, naming its
-    environment (dlcrepro/cluster.py, check_device)."""
+    """`gpu: 1` reaches the cell's first job, its seed's θ_0 evaluation, as --gres=gpu:1
+    (CUDA_VISIBLE_DEVICES: one of the local cluster's fake GPUs), and the job, whose torch is the
+    CPU build, stops before anything loads, naming its environment (dlcrepro/cluster.py,
+    check_device); the cell is never trained."""
     out, config = outdirs
     cell = out["results_dir"] / "tiny" / "bf16" / "pg" / "seed0"
     cfg = smoke_variant(tmp_path, resources={"gpu": 1})
     p = run(slurm_cmd(snakemake_slurm, config, cell / "summary.json", configfile=cfg))
     assert p.returncode != 0, p.stderr[-4000:]
-    log = (out["results_dir"] / "_logs" / "train" / "tiny" / "bf16" / "pg" / "seed0.log").read_text()
+    log = (out["results_dir"] / "_logs" / "initial_eval" / "tiny" / "seed0.log").read_text()
     assert re.search(r"CUDA_VISIBLE_DEVICES=\d", log) and "SLURM_JOB_ID=" in log, log
     assert "resources.gpu=1 asks for a GPU, but this torch is a CPU-only build" in log and sys.executable in log, log
     assert not (cell / "train.log").exists()  # nothing was trained

@@ -274,6 +274,45 @@ def test_shared_rollouts_give_a_lagged_cell_the_numbers_it_samples_itself(tiny_m
     assert not (tmp_path / "other" / "metrics.parquet").exists()
 
 
+def test_a_seeds_initial_eval_gives_a_cell_the_accuracies_it_measures_itself(tiny_model_dir, tmp_path):
+    """θ_0's evaluation, computed once per seed (`initial-eval`, the workflow's rule) with a `bf16`
+    run's one engine, is what a cell whose probe engine is its second (`fp8`) measures itself: the
+    same θ_0 accuracies and the same metrics after. (The study's cells, with and without the file:
+    docs/measurements.md.)"""
+    initial = tmp_path / "seed0.json"
+    p = run([sys.executable, "-m", "dlcrepro", "initial-eval", "--config", str(SMOKE), "--model-dir", str(tiny_model_dir),
+             "--seed", "0", "--out", str(initial)])
+    assert p.returncode == 0, p.stderr[-3000:]
+    own, read = tmp_path / "own", tmp_path / "read"
+    p = run(train_cmd(tiny_model_dir, own, "fp8", "pg"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    p = run(train_cmd(tiny_model_dir, read, "fp8", "pg") + ["--initial", str(initial)])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"θ_0's accuracies are read from {initial}" in (read / "train.log").read_text()
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (own, read))
+    assert b["initial_accuracies"] == a["initial_accuracies"] == json.loads(initial.read_text())["accuracies"]
+    assert a["initial_accuracies"]["accuracy_sampled"] > 0  # something was measured
+    m_own, m_read = (pd.read_parquet(d / "metrics.parquet") for d in (own, read))
+    cols = [c for c in m_own.columns if not c.startswith("sec_")]
+    pd.testing.assert_frame_equal(m_own[cols], m_read[cols])
+    # another seed's file is refused before anything is trained, naming what differs
+    other = train_cmd(tiny_model_dir, tmp_path / "other", "fp8", "pg")
+    other[other.index("--seed") + 1] = "1"
+    p = run(other + ["--initial", str(initial)])
+    assert p.returncode == 2 and "holds θ_0's evaluation of another run: seed differ" in p.stderr
+    assert not (tmp_path / "other" / "metrics.parquet").exists()
+
+
+def test_a_damaged_initial_eval_file_is_named(tmp_path, smoke_cfg):
+    from dlcrepro import initial_eval
+    from dlcrepro.util import DamagedFileError
+
+    path = tmp_path / "seed0.json"
+    path.write_text('{"identity": {"seed": 0}, "accura')  # a write cut short
+    with pytest.raises(DamagedFileError, match="seed0.json: not a readable θ_0 evaluation"):
+        initial_eval.load_initial_eval(path, initial_eval.identity(smoke_cfg, "tiny", 0, tmp_path))
+
+
 def test_a_rollouts_file_without_the_top_k_a_correction_reads_is_refused(tmp_path, smoke_cfg):
     import torch
 

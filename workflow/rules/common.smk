@@ -119,6 +119,21 @@ def rollouts_arg(wildcards, input):
     return f"--rollouts {input.rollouts}" if input.rollouts else ""
 
 
+def initial_eval_file(model, seed):
+    return f"{RESULTS}/_initial/{model}/seed{seed}.json"
+
+
+def initial_eval_input(wildcards):
+    """θ_0's evaluation a training cell reads (dlcrepro/initial_eval.py); none for a cell that copies
+    another's run."""
+    w = wildcards
+    return [] if same_cell(w) is not None else [initial_eval_file(w.model, w.seed)]
+
+
+def initial_eval_arg(wildcards, input):
+    return f"--initial {input.initial}" if input.initial else ""
+
+
 def rollouts_topk(wildcards):
     """engine.topk if a cell that reads these rollouts has a correction that reads the engine's
     next-token distribution, else 0 (the file is then ~k times smaller)."""
@@ -243,6 +258,17 @@ def rollouts_resources(name):
     """Resources of a rollouts job: a trained cell's of its model (it runs that cell's engine), its
     runtime from the cost model where the model is in it (cluster.rollouts_job_resources)."""
     return lambda wildcards: cluster.rollouts_job_resources(CFG, wildcards.model, wildcards.sampler)[name]
+
+
+def initial_eval_resources(name):
+    """Resources of a θ_0 evaluation job: a rollouts job's (one engine), its runtime from the cost
+    model where the model is in it (cluster.initial_eval_job_resources)."""
+    return lambda wildcards: cluster.initial_eval_job_resources(CFG, wildcards.model)[name]
+
+
+def initial_eval_gres(wildcards):
+    n = initial_eval_resources("gpu")(wildcards)
+    return f"gpu:{n}" if n > 0 else ""
 
 
 def rollouts_gres(wildcards):

@@ -33,6 +33,8 @@ rule train:
         same=same_cell_input,
         # a lagged sampler's first steps, sampled once for all its cells (dlcrepro/rollouts.py)
         rollouts=rollouts_input,
+        # θ_0's accuracies, evaluated once per seed (dlcrepro/initial_eval.py)
+        initial=initial_eval_input,
     output:
         metrics=f"{RESULTS}/{{model}}/{{sampler}}/{{correction}}/seed{{seed}}/metrics.parquet",
         summary=f"{RESULTS}/{{model}}/{{sampler}}/{{correction}}/seed{{seed}}/summary.json",
@@ -56,10 +58,41 @@ rule train:
         model_dir=model_dir_arg,
         out=output_parent,
         rollouts=rollouts_arg,
+        initial=initial_eval_arg,
     shell:
         "OMP_NUM_THREADS={threads} {params.python} -m dlcrepro train --config {input.cfg} --model {wildcards.model} "
         "--model-dir {params.model_dir} --sampler {wildcards.sampler} "
-        "--correction {wildcards.correction} --seed {wildcards.seed} {params.rollouts} --out {params.out} > {log} 2>&1"
+        "--correction {wildcards.correction} --seed {wildcards.seed} {params.rollouts} {params.initial} --out {params.out} > {log} 2>&1"
+
+
+# θ_0's accuracies, where every cell's accuracy curve starts: the same for every sampler and
+# correction of a seed (the BF16 probe engine at θ_0), so evaluated once per model and seed
+# (dlcrepro/initial_eval.py). With the cells' threads: the engine's numbers are a cell's.
+rule initial_eval:
+    input:
+        cfg=train_config_input,
+        model=model_input,
+        data=data_input,
+    output:
+        initial_eval_file("{model}", "{seed}"),
+    log:
+        f"{LOGS}/initial_eval/{{model}}/seed{{seed}}.log",
+    benchmark:
+        f"{BENCHMARKS}/initial_eval/{{model}}/seed{{seed}}.tsv"
+    conda:
+        TRAIN_ENV
+    threads: initial_eval_resources("cpus_per_task")
+    resources:
+        gres=initial_eval_gres,
+        runtime=initial_eval_resources("runtime"),
+        mem_mb=initial_eval_resources("mem_mb"),
+        cpus_per_task=initial_eval_resources("cpus_per_task"),
+    params:
+        python=PYTHON,
+        model_dir=model_dir_arg,
+    shell:
+        "OMP_NUM_THREADS={threads} {params.python} -m dlcrepro initial-eval --config {input.cfg} --model {wildcards.model} "
+        "--model-dir {params.model_dir} --seed {wildcards.seed} --out {output} > {log} 2>&1"
 
 
 # The batches every cell of a lagged sampler samples from θ_0 (its steps before the first sync),
