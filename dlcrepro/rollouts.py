@@ -8,8 +8,9 @@ resync correction does until its first resync. `python -m dlcrepro rollouts` sam
 into one file (the workflow's rule `rollouts`); a cell given the file (`train --rollouts`) takes
 each of those steps' batch from it while its engine still holds θ_0, and samples itself after
 that. Nothing else is shared here: the trainer's log-probs, the probes and the evaluations stay the
-cell's own (θ_0's evaluation is shared per seed by initial_eval.py). Measured: the tiny study's 84 cells with and without the file, identical in every column
-but the seconds (docs/measurements.md, "Shared rollouts: the main command before and after").
+cell's own (θ_0's evaluation is shared per seed by initial_eval.py). Measured: the tiny study's 84
+cells with and without the file, identical in every column but the seconds (docs/measurements.md,
+"Shared rollouts: the main command before and after").
 """
 
 from __future__ import annotations
@@ -79,12 +80,11 @@ def write_rollouts(cfg: Config, model: str, sampler_name: str, seed: int, out: P
     """Sample the shared steps of (model, sampler, seed) as a cell would (its engine given θ_0 through
     the same weight load, the same prompts and seeds) and save them to `out`. Returns the identity."""
     from . import data
+    from .cluster import check_device
     from .engine import VLLMEngine
     from .grid import get_sampler
     from .model import load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
     from .train import derive_seed, step_problems
-
-    from .cluster import check_device
 
     check_device(cfg, model)  # a GPU job on a CPU torch stops here, as a training job does
     sampler = get_sampler(sampler_name)
