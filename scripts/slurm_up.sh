@@ -11,10 +11,6 @@ if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! comm
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurmctld slurmd slurm-client munge >/dev/null
 fi
-if scontrol ping 2>/dev/null | grep -q "is UP" && [[ $(sinfo -h -o %T 2>/dev/null | head -1) == idle* ]]; then
-  echo "slurm_up: already running"; exit 0
-fi
-
 wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
   local limit=$1 what=$2; shift 2
   for _ in $(seq $((limit * 10))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
@@ -35,13 +31,17 @@ layout=$(grep -oE '(CPUs|Boards|SocketsPerBoard|CoresPerSocket|ThreadsPerCore)=[
 mem=$(grep -oE 'RealMemory=[0-9]+' <<< "$detected" | cut -d= -f2)
 mem=$((mem * 9 / 10))
 for i in $(seq 0 $((NGPU - 1))); do [[ -e /dev/fakegpu$i ]] || mknod -m 666 /dev/fakegpu$i c 1 3; done
-mkdir -p /etc/slurm /var/spool/slurmctld /var/spool/slurmd /var/log/slurm
-cat > /etc/slurm/slurm.conf <<CONF
+# The credential window is also how long Slurm holds a requeued job before it may start again
+# (slurmctld's job_mgr.c: begin_time = now + cred_expire + 1; 120 s by default, 5 s at least). A
+# real cluster keeps its default; on one localhost node a launch credential crosses in milliseconds,
+# so 10 s: the requeue test's job starts again ~11 s after `scontrol requeue` instead of ~121 s.
+conf=$(cat <<CONF
 # written by dlcrepro scripts/slurm_up.sh: a single-node test cluster
 ClusterName=dlcrepro
 SlurmctldHost=${host}(127.0.0.1)
 SlurmUser=root
 AuthType=auth/munge
+AuthInfo=cred_expire=10
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -63,6 +63,20 @@ SlurmdLogFile=/var/log/slurm/slurmd.log
 NodeName=${host} NodeAddr=127.0.0.1 ${layout} RealMemory=${mem} Gres=gpu:${NGPU} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
+)
+running() { scontrol ping 2>/dev/null | grep -q "is UP" && [[ $(sinfo -h -o %T 2>/dev/null | head -1) == idle* ]]; }
+if running; then
+  # a cluster this script started with another slurm.conf (an older checkout's) is restarted with
+  # this one; anyone else's is left alone
+  if [[ ! -f /etc/slurm/slurm.conf ]] || ! head -1 /etc/slurm/slurm.conf | grep -q "dlcrepro scripts/slurm_up.sh" \
+     || [[ $(cat /etc/slurm/slurm.conf) == "$conf" ]]; then
+    echo "slurm_up: already running"; exit 0
+  fi
+  echo "slurm_up: restarting the running test cluster with this checkout's slurm.conf"
+  bash "$(dirname "$0")/slurm_down.sh" >/dev/null
+fi
+mkdir -p /etc/slurm /var/spool/slurmctld /var/spool/slurmd /var/log/slurm
+printf '%s\n' "$conf" > /etc/slurm/slurm.conf
 if (( NGPU > 0 )); then
   echo "NodeName=${host} Name=gpu File=/dev/fakegpu[0-$((NGPU - 1))]" > /etc/slurm/gres.conf
 else

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -56,6 +58,20 @@ def stopped_after(proc, stop=signal.SIGTERM, timeout: float = 120):
                 proc.wait()
 
 
+# What makes a test take seconds or more: its marker, or a fixture that builds something (a warm
+# start, the rehearsal's checkpoint). Every other test is `quick`: `pytest -m quick` is the inner
+# loop of development (docs/extending.md); the README's test command still runs everything.
+HEAVY_MARKERS = {"slow", "engine", "slurm", "snakemake"}
+HEAVY_FIXTURES = {"tiny_model_dir", "smoke_warm_start", "rehearsal_cache"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        heavy = HEAVY_MARKERS & {m.name for m in item.iter_markers()} or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if not heavy:
+            item.add_marker(pytest.mark.quick)
+
+
 @pytest.fixture(scope="session")
 def smoke_cfg():
     from dlcrepro.config import load
@@ -63,14 +79,61 @@ def smoke_cfg():
     return load(SMOKE)
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory, smoke_cfg) -> Path:
-    """The smoke config's tiny model after its short warm start (the real `warmstart` code path)."""
-    from dlcrepro.warmstart import warmstart
+@dataclass(frozen=True)
+class WarmStart:
+    """The smoke config's warm start as the workflow's `warmstart` rule leaves it."""
 
-    out = tmp_path_factory.mktemp("tiny")
-    warmstart(smoke_cfg, "tiny", out)
-    return out / "model"
+    artifacts: Path  # <artifacts>/tiny/model, <artifacts>/tiny/warmstart.json
+    job_config: Path  # the rule's input (results/_config/tiny.warmstart.yaml), older than its outputs
+
+    def up_to_date_in(self, results_dir: Path) -> None:
+        """Make a study with `artifacts=self.artifacts` and this results directory find the warm start
+        done: its job config, copied with its modification time, is older than the warm start, and
+        the workflow rewrites it only when its text changes (workflow/rules/common.smk)."""
+        (results_dir / "_config").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(self.job_config, results_dir / "_config" / self.job_config.name)
+
+
+@pytest.fixture(scope="session")
+def smoke_warm_start(tmp_path_factory) -> WarmStart:
+    """The smoke model's warm start, made once per test run by the workflow's own rule (locally).
+    Every test that needs trained-from-scratch weights starts from it: the engine and trainer tests
+    (`tiny_model_dir`) and the studies whose subject is not the warm start (a test's snakemake finds
+    it up to date through `WarmStart.up_to_date_in`); the smoke pipeline's test and the Slurm grid's
+    run their own."""
+    d = tmp_path_factory.mktemp("smoke-warm-start")
+    out = {"results_dir": d / "results", "figures_dir": d / "figures", "tables_dir": d / "tables", "artifacts": d / "artifacts"}
+    target = out["artifacts"] / "tiny" / "warmstart.json"
+    p = subprocess.run([sys.executable, "-m", "snakemake", "--nolock", "--cores", "2", "--configfile", str(SMOKE), "--config",
+                        *(f"{k}={v}" for k, v in out.items()), f"python={sys.executable}", "--", str(target)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return WarmStart(out["artifacts"], out["results_dir"] / "_config" / "tiny.warmstart.yaml")
+
+
+@pytest.fixture(scope="session")
+def fork_server(tmp_path_factory):
+    """A fork server (dlcrepro/server.py) for the test run: a `python -m dlcrepro train` given
+    `--server` with its socket runs as the server's child, without ~10 s of imports and teardown. It
+    runs each job through the same `cli.main`, and a job it cannot take runs in its own process."""
+    from dlcrepro.server import private_dir
+
+    path = str(private_dir() / f"tests-{os.getpid()}.sock")
+    log = tmp_path_factory.mktemp("fork-server") / "serve.log"
+    proc = subprocess.Popen([sys.executable, "-m", "dlcrepro", "serve", "--socket", path, "--watch-pid", str(os.getpid())],
+                            cwd=ROOT, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    try:
+        wait_for("the fork server's socket", lambda: os.path.exists(path), 60, proc)
+        yield path
+    finally:
+        with stopped_after(proc):
+            pass
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(smoke_warm_start) -> Path:
+    """The smoke config's tiny model after its short warm start (the real `warmstart` rule)."""
+    return smoke_warm_start.artifacts / "tiny" / "model"
 
 
 PAPER_MODELS = ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B")

@@ -5,6 +5,7 @@ columns lists exactly the columns a training run writes."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -138,7 +139,7 @@ def glossary_columns() -> set[str]:
 
 
 @pytest.mark.slow
-def test_glossary_lists_exactly_the_columns_a_run_writes(tiny_model_dir, tmp_path):
+def test_glossary_lists_exactly_the_columns_a_run_writes(tiny_model_dir, fork_server, tmp_path):
     """One real smoke cell (stale sampler, dlc, 4 steps: probes, evals, a resync check) and its
     metrics.parquet columns against the glossary, both ways."""
     import pandas as pd
@@ -146,7 +147,8 @@ def test_glossary_lists_exactly_the_columns_a_run_writes(tiny_model_dir, tmp_pat
     out = tmp_path / "cell"
     cmd = [sys.executable, "-m", "dlcrepro", "train", "--config", str(SMOKE), "--model-dir", str(tiny_model_dir),
            "--sampler", "stale", "--correction", "dlc", "--seed", "0", "--out", str(out), "--set", "train.steps=4"]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    env = {**os.environ, "DLCREPRO_SERVER": fork_server}  # a child of the test run's fork server: no imports of its own
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     written = set(pd.read_parquet(out / "metrics.parquet").columns)
     documented = glossary_columns()

@@ -4,6 +4,7 @@ workflow trains it and puts it in the tables and figures beside `pg`."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,7 +39,7 @@ def copy_checkout(dst):
 
 
 @pytest.mark.slow
-def test_a_correction_added_as_one_function_and_one_registry_entry_reaches_the_tables(tmp_path):
+def test_a_correction_added_as_one_function_and_one_registry_entry_reaches_the_tables(tmp_path, smoke_warm_start):
     repo = tmp_path / "checkout"
     copy_checkout(repo)
     with open(repo / "dlcrepro" / "corrections.py", "a") as f:
@@ -47,8 +48,10 @@ def test_a_correction_added_as_one_function_and_one_registry_entry_reaches_the_t
         f.write(THROWAWAY_ENTRY)
 
     out = tmp_path / "out"
+    # the test run's warm start, up to date: a new correction changes no warm start
+    smoke_warm_start.up_to_date_in(out / "results")
     config = [f"results_dir={out / 'results'}", f"tables_dir={out / 'tables'}", f"figures_dir={out / 'figures'}",
-              f"artifacts={out / 'artifacts'}", f"python={sys.executable}", "fork_server=False"]
+              f"artifacts={smoke_warm_start.artifacts}", f"python={sys.executable}", "fork_server=False"]
     grid = textwrap.dedent("""\
         grid:
           models: [tiny]
@@ -62,6 +65,8 @@ def test_a_correction_added_as_one_function_and_one_registry_entry_reaches_the_t
     p = subprocess.run([sys.executable, "-m", "snakemake", "--nolock", "--cores", "2", "--configfile", "configs/smoke.yaml",
                         "configs/halved.yaml", "--config", *config], cwd=repo, env=env, capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
+    assert jobs.get("train") == "2" and "warmstart" not in jobs, (p.stdout + p.stderr)[-3000:]
 
     for table in ("noise_floor", "accuracy", "zoo"):
         t = pd.read_csv(out / "tables" / f"{table}.csv")

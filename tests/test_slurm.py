@@ -49,12 +49,26 @@ def snakemake_slurm():
     return [str(ROOT / ".venv-workflow" / "bin" / "snakemake")]
 
 
+def out_config(out):
+    # jobs run the package with the interpreter running these tests (the training env)
+    return [f"{k}={v}" for k, v in out.items()] + [f"python={sys.executable}"]
+
+
 @pytest.fixture
 def outdirs(tmp_path):
     out = {"results_dir": tmp_path / "results", "figures_dir": tmp_path / "figures",
            "tables_dir": tmp_path / "tables", "artifacts": tmp_path / "artifacts"}
-    # jobs run the package with the interpreter running these tests (the training env)
-    return out, [f"{k}={v}" for k, v in out.items()] + [f"python={sys.executable}"]
+    return out, out_config(out)
+
+
+@pytest.fixture
+def warm_outdirs(tmp_path, smoke_warm_start):
+    """`outdirs` whose artifacts are the test run's warm start, found up to date: the tests whose
+    subject is a training job do not each wait for a warm-start job (the grid's test runs its own)."""
+    out = {"results_dir": tmp_path / "results", "figures_dir": tmp_path / "figures",
+           "tables_dir": tmp_path / "tables", "artifacts": smoke_warm_start.artifacts}
+    smoke_warm_start.up_to_date_in(out["results_dir"])
+    return out, out_config(out)
 
 
 def slurm_cmd(snakemake_slurm, config, *targets, extra=(), configfile=SMOKE):
@@ -92,18 +106,33 @@ def job_counts(text):
     return {k: int(v) for k, v in re.findall(r"^(\w+)\s+(\d+)$", text, re.M)}
 
 
-def test_smoke_grid_through_slurm_then_a_deleted_cell_reruns_with_its_copy_only(slurm_cluster, snakemake_slurm, outdirs):
-    out, config = outdirs
-    p = run(slurm_cmd(snakemake_slurm, config))
-    assert p.returncode == 0, p.stderr[-4000:]
-    assert len(list(out["results_dir"].glob("tiny/*/*/seed0/summary.json"))) == 28
-    assert (out["tables_dir"] / "findings.md").exists() and (out["figures_dir"] / "ess.png").exists()
-    log = (out["results_dir"] / "_logs" / "train" / "tiny" / "stale" / "dlc" / "seed0.log").read_text()
-    assert "SLURM_JOB_ID=" in log  # it really ran as a Slurm job
+# The smallest grid with every kind of job the tiny study submits: a synced and a lagged sampler, a
+# trained cell and its copy in each, a lagged cell reading its sampler's shared rollouts, θ_0's
+# evaluation, the warm start, and the tables and figures over them (the full smoke grid, 28 cells:
+# tests/test_workflow.py, locally).
+SLURM_GRID = {"samplers": ["fp8", "stale"], "corrections": ["pg", "ppo", "dlc"]}
 
-    # fp8/ppo is a copy of fp8/pg (dlcrepro/grid.py): the deleted cell trains again, its copy follows
+
+def test_smoke_grid_through_slurm_then_a_deleted_cell_reruns_with_its_copy_only(slurm_cluster, snakemake_slurm, outdirs, tmp_path):
+    out, config = outdirs
+    cfg = smoke_variant(tmp_path, grid=SLURM_GRID)
+    p = run(slurm_cmd(snakemake_slurm, config, configfile=cfg))
+    assert p.returncode == 0, p.stderr[-4000:]
+    counts = job_counts(p.stdout + p.stderr)
+    assert counts == {"warmstart": 1, "initial_eval": 1, "rollouts": 1, "train": 6, "collect": 1, "tables": 1, "figures": 1,
+                      "all": 1, "total": 13}, p.stdout[-3000:]
+    assert len(list(out["results_dir"].glob("tiny/*/*/seed0/summary.json"))) == 6
+    assert (out["tables_dir"] / "findings.md").exists() and (out["figures_dir"] / "ess.png").exists()
+    for job in ("warmstart/tiny", "initial_eval/tiny/seed0", "rollouts/tiny/stale/seed0", "train/tiny/stale/dlc/seed0"):
+        assert "SLURM_JOB_ID=" in (out["results_dir"] / "_logs" / f"{job}.log").read_text(), job  # it really ran as a Slurm job
+    assert "read from" in (out["results_dir"] / "tiny" / "stale" / "dlc" / "seed0" / "train.log").read_text()  # the shared rollouts
+    for sampler in ("fp8", "stale"):  # ppo is a copy of pg under one update per batch (dlcrepro/grid.py)
+        copy = json.loads((out["results_dir"] / "tiny" / sampler / "ppo" / "seed0" / "summary.json").read_text())
+        assert copy["computed_as"] == str(out["results_dir"] / "tiny" / sampler / "pg" / "seed0")
+
+    # the deleted cell trains again, its copy follows; nothing else reruns
     shutil.rmtree(out["results_dir"] / "tiny" / "fp8" / "pg" / "seed0")
-    p = run(slurm_cmd(snakemake_slurm, config))
+    p = run(slurm_cmd(snakemake_slurm, config, configfile=cfg))
     assert p.returncode == 0, p.stderr[-4000:]
     counts = job_counts(p.stdout + p.stderr)
     assert counts.get("train") == 2 and "warmstart" not in counts, p.stderr[-3000:]
@@ -112,24 +141,25 @@ def test_smoke_grid_through_slurm_then_a_deleted_cell_reruns_with_its_copy_only(
     assert (src / "summary.json").exists() and copy["computed_as"] == str(src)
 
 
-def test_gpu_marked_job_receives_its_gpu_and_refuses_to_train_on_a_cpu_torch(slurm_cluster, snakemake_slurm, outdirs, tmp_path):
+def test_gpu_marked_job_receives_its_gpu_and_refuses_to_train_on_a_cpu_torch(slurm_cluster, snakemake_slurm, warm_outdirs, tmp_path):
     """`gpu: 1` reaches the cell's first job, its seed's θ_0 evaluation, as --gres=gpu:1
     (CUDA_VISIBLE_DEVICES: one of the local cluster's fake GPUs), and the job, whose torch is the
     CPU build, stops before anything loads, naming its environment (dlcrepro/cluster.py,
     check_device); the cell is never trained."""
-    out, config = outdirs
+    out, config = warm_outdirs
     cell = out["results_dir"] / "tiny" / "bf16" / "pg" / "seed0"
     cfg = smoke_variant(tmp_path, resources={"gpu": 1})
     p = run(slurm_cmd(snakemake_slurm, config, cell / "summary.json", configfile=cfg))
     assert p.returncode != 0, p.stderr[-4000:]
+    assert "warmstart" not in job_counts(p.stdout + p.stderr), p.stdout[-3000:]  # the session's warm start is up to date
     log = (out["results_dir"] / "_logs" / "initial_eval" / "tiny" / "seed0.log").read_text()
     assert re.search(r"CUDA_VISIBLE_DEVICES=\d", log) and "SLURM_JOB_ID=" in log, log
     assert "resources.gpu=1 asks for a GPU, but this torch is a CPU-only build" in log and sys.executable in log, log
     assert not (cell / "train.log").exists()  # nothing was trained
 
 
-def test_scancel_mid_run_fails_the_job_and_the_rerun_resumes_from_its_checkpoint(slurm_cluster, snakemake_slurm, outdirs, tmp_path):
-    out, config = outdirs
+def test_scancel_mid_run_fails_the_job_and_the_rerun_resumes_from_its_checkpoint(slurm_cluster, snakemake_slurm, warm_outdirs, tmp_path):
+    out, config = warm_outdirs
     cell = out["results_dir"] / "tiny" / "stale" / "dlc" / "seed0"
     target = cell / "summary.json"
     cfg = smoke_variant(tmp_path, train={"steps": 12, "ckpt_every": 2, "eval_every": 4})
@@ -141,6 +171,7 @@ def test_scancel_mid_run_fails_the_job_and_the_rerun_resumes_from_its_checkpoint
         subprocess.run(["scancel", *train_jobs], check=True)
         output, _ = proc.communicate(timeout=600)
     assert proc.returncode != 0, output[-3000:]  # reported failed
+    assert "warmstart" not in job_counts(output), output[-3000:]  # the session's warm start is up to date
     assert not target.exists() and (cell / "checkpoint.pt").exists()
 
     p = run(slurm_cmd(snakemake_slurm, config, target, configfile=cfg))
@@ -150,12 +181,12 @@ def test_scancel_mid_run_fails_the_job_and_the_rerun_resumes_from_its_checkpoint
     assert target.exists()
 
 
-def test_requeued_job_resumes_from_its_checkpoint_under_the_same_job_id(slurm_cluster, snakemake_slurm, outdirs, tmp_path):
+def test_requeued_job_resumes_from_its_checkpoint_under_the_same_job_id(slurm_cluster, snakemake_slurm, warm_outdirs, tmp_path):
     """`--slurm-requeue` (sbatch --requeue), for preemptible partitions: a job that Slurm requeues
     (here `scontrol requeue`, what preemption with PreemptMode=REQUEUE does) starts again under the
     same job ID, the cell resumes from its checkpoint, and snakemake, still watching that ID, sees
     it complete: one run, no failure, no resubmission."""
-    out, config = outdirs
+    out, config = warm_outdirs
     cell = out["results_dir"] / "tiny" / "stale" / "dlc" / "seed0"
     target = cell / "summary.json"
     cfg = smoke_variant(tmp_path, train={"steps": 12, "ckpt_every": 2, "eval_every": 4})

@@ -1,6 +1,7 @@
 """One training cell through the CLI, on the smoke config and the real engines."""
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -38,6 +39,24 @@ def run(cmd, **kw):
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, **kw)
 
 
+@pytest.fixture(autouse=True)
+def via_fork_server(fork_server, monkeypatch):
+    """Every `python -m dlcrepro train|rollouts|initial-eval` here runs as a child of the test run's
+    fork server ($DLCREPRO_SERVER, tests/conftest.py): the same `cli.main` without ~10 s of imports
+    and teardown each, and with the threads a job of its own would have (the server's children take
+    OMP_NUM_THREADS, 1 where it is unset)."""
+    import torch
+
+    monkeypatch.setenv("DLCREPRO_SERVER", fork_server)
+    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
+
+
+def own_process_env() -> dict[str, str]:
+    """The environment of a job that runs in its own process (one the test kills: SIGKILL leaves the
+    server's child to notice the closed connection)."""
+    return {k: v for k, v in os.environ.items() if k != "DLCREPRO_SERVER"}
+
+
 def test_cell_writes_metrics_config_summary_and_log(tiny_model_dir, tmp_path):
     out = tmp_path / "cell"
     p = run(train_cmd(tiny_model_dir, out, "fp8_stale", "dlc"))
@@ -72,7 +91,7 @@ def test_kill_and_resume_gives_the_same_metrics_as_an_uninterrupted_run(tiny_mod
 
     out = tmp_path / "killed"
     proc = subprocess.Popen(train_cmd(tiny_model_dir, out, "stale", "is_center", *sets), cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=own_process_env())
     deadline = time.time() + 300
     while not (out / "checkpoint.pt").exists():
         assert proc.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
