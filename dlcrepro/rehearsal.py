@@ -8,8 +8,9 @@ runs end to end on a CPU (`configs/rehearsal.yaml`).
 What is real: the model class (`Qwen3ForCausalLM`, GQA, q/k norms, head_dim 128, tied
 embeddings), the tokenizer library and file format, the chat template's rendering, the cache
 layout and the parquet columns, and the files' form: config.json, tokenizer_config.json and
-generation_config.json as Qwen/Qwen3-0.6B's are written (`hub_config`, `save_tokenizer`). What is scaled down: the sizes (`REHEARSAL_ARCH`, ~2 M parameters
-against 0.6 B) and the data (solver-made problems of 3 and 4 numbers, not the published rows).
+generation_config.json as Qwen/Qwen3-0.6B's are written (`hub_config`, `save_tokenizer`). What
+is scaled down: the sizes (`REHEARSAL_ARCH`, ~2 M parameters against 0.6 B) and the data
+(solver-made problems of 3 and 4 numbers, not the published rows).
 The recipe lives here, not in a config, as a downloaded checkpoint's does on its model card.
 """
 
@@ -236,8 +237,8 @@ def build_model(tokenizer, seed: int):
     import torch
 
     im_end, eot = tokenizer.convert_tokens_to_ids([IM_END, ENDOFTEXT])
-    # no pad_token_id, as Qwen3's config.json has none: the trainer pads with the tokenizer's, and the embedding
-    # has no frozen padding row (what `padding_idx` would make of it)
+    # no pad_token_id, as Qwen3's config.json has none: the trainer pads with the tokenizer's, and <|endoftext|>'s
+    # embedding row is drawn like any other (a pad_token_id makes it the padding row: zero at the start, no input-side gradient)
     cfg = Qwen3Config(**REHEARSAL_ARCH, bos_token_id=eot, eos_token_id=im_end, dtype="bfloat16")
     torch.manual_seed(seed)
     return Qwen3ForCausalLM(cfg)
@@ -328,7 +329,8 @@ def build_checkpoint(cache: Path, dataset_snapshot: Path, n_train: int, ws: Warm
         model = build_model(tokenizer, ws.seed)
         prompts = data.encode_prompts(tokenizer, [p for p, _ in solved], "chat")
         answers = [tokenizer(a, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for _, a in solved]
-        steps, loss, seconds = supervised_train(model, prompts, answers, ws, tokenizer.pad_token_id, f"rehearsal {REHEARSAL_MODEL}")
+        steps, loss, seconds = supervised_train(model, prompts, answers, ws, tokenizer.pad_token_id,
+                                                f"rehearsal {REHEARSAL_MODEL}")
         model.eval()
         n_params = sum(p.numel() for p in model.parameters())
         card = (f"# {REHEARSAL_MODEL}\n\nMade by dlcrepro.rehearsal for the CPU rehearsal of the paper path: "

@@ -171,11 +171,13 @@ def test_rehearsal_checkpoint_files_are_in_the_form_the_hub_ships_qwen3(rehearsa
     from dlcrepro.rehearsal import CHAT_TEMPLATE, END_THINK, ENDOFTEXT, IM_END, IM_START, THINK
 
     snap = snapshot(rehearsal_cache)
-    assert sorted(p.name for p in snap.iterdir()) == ["README.md", "config.json", "generation_config.json", "merges.txt",
-                                                      "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.json"]
+    assert sorted(p.name for p in snap.iterdir()) == [
+        "README.md", "config.json", "generation_config.json", "merges.txt", "model.safetensors", "tokenizer.json",
+        "tokenizer_config.json", "vocab.json"]
     arch = json.loads((snap / "config.json").read_text())
     assert list(arch) == QWEN3_0_6B_CONFIG_KEYS  # no rope_parameters, dtype, pad_token_id or layer_types
-    assert (arch["rope_scaling"], arch["rope_theta"], arch["sliding_window"], arch["torch_dtype"]) == (None, 1e6, None, "bfloat16")
+    legacy = (arch["rope_scaling"], arch["rope_theta"], arch["sliding_window"], arch["torch_dtype"])
+    assert legacy == (None, 1e6, None, "bfloat16")
 
     tc = json.loads((snap / "tokenizer_config.json").read_text())
     assert tc["tokenizer_class"] == "Qwen2Tokenizer" and tc["chat_template"] == CHAT_TEMPLATE
@@ -211,8 +213,9 @@ def test_the_tokenizer_encodes_alike_as_qwen2tokenizer_from_its_json_or_its_voca
     assert type(tok).__name__ == type(from_vocab).__name__ == "Qwen2Tokenizer"
 
     problems = rehearsal_problems()[:64]
-    texts = ([data.prompt_text(tok, p, "chat") for p in problems] + [countdown.worked_answer(p.numbers, p.target) for p in problems]
-             + ["caf\u00e9", "cafe\u0301", "\u00dcn\u00efc\u00f6d\u00e9 \ufb01 1\u20442", "<think>\n\n</think>\n\n<answer>(1+2)</answer>"])
+    texts = [data.prompt_text(tok, p, "chat") for p in problems]
+    texts += [countdown.worked_answer(p.numbers, p.target) for p in problems]
+    texts += ["caf\u00e9", "cafe\u0301", "\u00dcn\u00efc\u00f6d\u00e9 \ufb01 1\u20442", "<think>\n\n</think>\n\n<answer>"]
     for text in texts:
         ids = tok(text, add_special_tokens=False).input_ids
         assert from_vocab(text, add_special_tokens=False).input_ids == ids == raw.encode(text, add_special_tokens=False).ids, text
@@ -236,8 +239,10 @@ def test_qwen3s_published_chat_template_renders_the_projects_prompts_byte_for_by
     train, test = data.load_problems(cfg.task)
     tok = load_tokenizer(snapshot(rehearsal_cache))
     problems = train[:512] + test
-    published = [tok.apply_chat_template([{"role": "user", "content": countdown.instruction_prompt(p)}], chat_template=qwen3.decode(),
-                                         tokenize=False, add_generation_prompt=True, enable_thinking=False) for p in problems]
+    template = qwen3.decode()
+    published = [tok.apply_chat_template([{"role": "user", "content": countdown.instruction_prompt(p)}], chat_template=template,
+                                         tokenize=False, add_generation_prompt=True, enable_thinking=False)
+                 for p in problems]
     ours = [data.prompt_text(tok, p, cfg.task.prompt) for p in problems]
     assert [t.encode() for t in ours] == [t.encode() for t in published]
     assert published[0].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
@@ -252,7 +257,8 @@ def teacher_forcing_batch(snap: Path, n: int = 8) -> tuple[list[list[int]], list
 
     tok = load_tokenizer(snap)
     problems = rehearsal_problems()[:n]
-    answers = [tok(countdown.worked_answer(p.numbers, p.target), add_special_tokens=False).input_ids + [tok.eos_token_id] for p in problems]
+    answers = [tok(countdown.worked_answer(p.numbers, p.target), add_special_tokens=False).input_ids + [tok.eos_token_id]
+               for p in problems]
     return data.encode_prompts(tok, problems, "chat"), answers
 
 
@@ -310,8 +316,8 @@ def test_qwen3s_sampling_defaults_in_generation_config_change_nothing_the_engine
     for name, d in dirs.items():
         engine = VLLMEngine(str(d), EngineConfig(max_tokens=48), "bf16", seed=0)
         read = engine.llm.llm_engine.model_config.try_get_generation_config()
-        assert {k: read.get(k) for k in ("temperature", "top_k", "top_p")} == (
-            {"temperature": 0.6, "top_k": 20, "top_p": 0.95} if name == "with" else {"temperature": None, "top_k": None, "top_p": None})
+        expected = (0.6, 20, 0.95) if name == "with" else (None, None, None)
+        assert tuple(read.get(k) for k in ("temperature", "top_k", "top_p")) == expected
         assert engine.llm.get_default_sampling_params().temperature == 1.0  # generation_config="vllm"
         r = engine.generate(prompts, n=4, seed=1, topk=20)
         out[name] = (r, engine.greedy(prompts), torch.cat(engine.teacher_forced_logp(prompts, answers)))
