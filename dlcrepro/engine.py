@@ -365,6 +365,11 @@ class VLLMEngine:
             max_logprobs=max(cfg.topk, 1) + 1,
             logprobs_mode="processed_logprobs",
             enforce_eager=eager,
+            # vLLM's neutral defaults, not the checkpoint's (Qwen3's generation_config.json: temperature 0.6, top-k 20,
+            # top-p 0.95). vLLM 0.32 applies those only to a call without SamplingParams (entrypoints/llm.py:411-416, 470),
+            # and every call here passes its own: this keeps it so. Stop tokens are still read from the file
+            # (config/model.py:1826, v1/engine/input_processor.py:489).
+            generation_config="vllm",
         )
         if max_model_len:
             kwargs["max_model_len"] = max_model_len

@@ -7,8 +7,10 @@ runs end to end on a CPU (`configs/rehearsal.yaml`).
 
 What is real: the model class (`Qwen3ForCausalLM`, GQA, q/k norms, head_dim 128, tied
 embeddings), the tokenizer library and file format, the chat template's rendering, the cache
-layout and the parquet columns. What is scaled down: the sizes (`REHEARSAL_ARCH`, ~2 M parameters
-against 0.6 B) and the data (solver-made problems of 3 and 4 numbers, not the published rows).
+layout and the parquet columns, and the files' form: config.json, tokenizer_config.json and
+generation_config.json as Qwen/Qwen3-0.6B's are written (`hub_config`, `save_tokenizer`). What
+is scaled down: the sizes (`REHEARSAL_ARCH`, ~2 M parameters against 0.6 B) and the data
+(solver-made problems of 3 and 4 numbers, not the published rows).
 The recipe lives here, not in a config, as a downloaded checkpoint's does on its model card.
 """
 
@@ -48,6 +50,7 @@ REHEARSAL_ARCH = dict(
     num_attention_heads=2,
     num_key_value_heads=1,
     max_position_embeddings=2048,
+    max_window_layers=2,  # Qwen3 writes its layer count here (28 of 28); unread without a sliding window
 )
 TOKENIZER_SIZE = 3000
 
@@ -69,6 +72,20 @@ CHAT_TEMPLATE = (
     "{%- endif %}"
     "{%- endif %}"
 )
+
+# The keys of Qwen/Qwen3-0.6B's config.json, exactly: written by transformers 4.51 (`rope_theta`, `rope_scaling`,
+# `torch_dtype`). transformers 5 writes `rope_parameters` and `dtype` instead, a form no downloaded Qwen3 has;
+# both libraries convert the old keys on reading (docs/rehearsal.md, "The files' form").
+QWEN3_CONFIG_KEYS = (
+    "architectures", "attention_bias", "attention_dropout", "bos_token_id", "eos_token_id", "head_dim", "hidden_act",
+    "hidden_size", "initializer_range", "intermediate_size", "max_position_embeddings", "max_window_layers", "model_type",
+    "num_attention_heads", "num_hidden_layers", "num_key_value_heads", "rms_norm_eps", "rope_scaling", "rope_theta",
+    "sliding_window", "tie_word_embeddings", "torch_dtype", "transformers_version", "use_cache", "use_sliding_window",
+    "vocab_size",
+)
+# Qwen3's generation_config.json: its recommended sampling for thinking mode. Every engine call passes its own
+# SamplingParams (engine.py), which these never reach: tests/test_rehearsal.py samples with and without them.
+QWEN3_SAMPLING_DEFAULTS = {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95}
 
 # Qwen2/Qwen3's pre-tokenizer split: letters in words, each digit alone (so numbers are read digit
 # by digit), punctuation runs, new lines, spaces.
@@ -169,10 +186,12 @@ def write_dataset(cache: Path) -> Path:
 def train_tokenizer(texts: list[str]):
     """A byte-level BPE tokenizer trained on `texts`, digits split one by one, with Qwen3's special
     and added tokens and this project's chat template."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
+    # NFC, as Qwen3's tokenizer.json has, and as transformers' Qwen2Tokenizer rebuilds it whatever the file says
+    tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
@@ -218,23 +237,77 @@ def build_model(tokenizer, seed: int):
     import torch
 
     im_end, eot = tokenizer.convert_tokens_to_ids([IM_END, ENDOFTEXT])
-    cfg = Qwen3Config(**REHEARSAL_ARCH, bos_token_id=eot, eos_token_id=im_end, pad_token_id=eot, torch_dtype="bfloat16")
+    # no pad_token_id, as Qwen3's config.json has none: the trainer pads with the tokenizer's, and <|endoftext|>'s
+    # embedding row is drawn like any other (a pad_token_id makes it the padding row: zero at the start, no input-side gradient)
+    cfg = Qwen3Config(**REHEARSAL_ARCH, bos_token_id=eot, eos_token_id=im_end, dtype="bfloat16")
     torch.manual_seed(seed)
     return Qwen3ForCausalLM(cfg)
 
 
+def hub_config(model) -> dict:
+    """The model's config.json in Qwen/Qwen3-0.6B's form, exactly QWEN3_CONFIG_KEYS: `rope_theta` with
+    `rope_scaling: null`, `torch_dtype` (the weights are written in bfloat16), `sliding_window: null`."""
+    import transformers
+
+    cfg = model.config
+    rope = cfg.rope_parameters
+    if rope.get("rope_type", "default") != "default" or cfg.use_sliding_window:
+        raise ValueError(f"hub_config: Qwen3's form has plain RoPE and no sliding window, not {rope} / {cfg.use_sliding_window}")
+    legacy = {
+        "architectures": [type(model).__name__],
+        "rope_scaling": None,
+        "rope_theta": rope["rope_theta"],
+        "sliding_window": None,
+        "torch_dtype": "bfloat16",
+        "transformers_version": transformers.__version__,  # what wrote it, in the form 4.51 wrote
+    }
+    return {k: legacy[k] if k in legacy else getattr(cfg, k) for k in QWEN3_CONFIG_KEYS}
+
+
+def save_tokenizer(tokenizer, out: Path) -> None:
+    """The tokenizer's files as Qwen3's: tokenizer.json (NFC, the split, byte-level BPE), vocab.json and
+    merges.txt, and tokenizer_config.json naming Qwen2Tokenizer, holding the chat template and the added
+    tokens (`added_tokens_decoder`), with Qwen3's keys."""
+    backend = tokenizer.backend_tokenizer
+    out.mkdir(parents=True, exist_ok=True)
+    backend.save(str(out / "tokenizer.json"))
+    backend.model.save(str(out))  # vocab.json, merges.txt: what Qwen2Tokenizer reads without tokenizer.json
+    fields = ("content", "lstrip", "normalized", "rstrip", "single_word", "special")
+    added = {str(i): {f: getattr(t, f) for f in fields} for i, t in sorted(backend.get_added_tokens_decoder().items())}
+    config = {
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": added,
+        "additional_special_tokens": [t["content"] for t in added.values() if t["special"] and t["content"] != ENDOFTEXT],
+        "bos_token": None,
+        "chat_template": tokenizer.chat_template,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": IM_END,
+        "errors": "replace",
+        "model_max_length": REHEARSAL_ARCH["max_position_embeddings"],
+        "pad_token": ENDOFTEXT,
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
+
+
 def save_checkpoint_dir(model, tokenizer, out: Path, card: str) -> None:
-    """config.json, model.safetensors (bfloat16, as Qwen3 ships), generation_config.json with
-    Qwen3's two stop tokens, the tokenizer files and a model card."""
+    """The model's files beside the tokenizer's (`save_tokenizer`), as Qwen/Qwen3-0.6B ships its own:
+    config.json (`hub_config`), model.safetensors (bfloat16), generation_config.json (its two stop
+    tokens and sampling defaults) and a model card."""
     import torch
+    import transformers
 
     out.mkdir(parents=True, exist_ok=True)
     model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
     model.to(torch.float32)
-    tokenizer.save_pretrained(out)
+    (out / "config.json").write_text(json.dumps(hub_config(model), indent=2))
     stop = tokenizer.convert_tokens_to_ids([IM_END, ENDOFTEXT])
-    gen = {"bos_token_id": stop[1], "eos_token_id": stop, "pad_token_id": stop[1], "do_sample": True, "temperature": 1.0}
-    (out / "generation_config.json").write_text(json.dumps(gen, indent=1))
+    gen = {"bos_token_id": stop[1], "eos_token_id": stop, "pad_token_id": stop[1], **QWEN3_SAMPLING_DEFAULTS,
+           "transformers_version": transformers.__version__}
+    (out / "generation_config.json").write_text(json.dumps(dict(sorted(gen.items())), indent=2))
     (out / "README.md").write_text(card)
 
 
@@ -244,29 +317,33 @@ def build_checkpoint(cache: Path, dataset_snapshot: Path, n_train: int, ws: Warm
     from . import data
     from .config import EngineConfig
     from .engine import VLLMEngine
+    from .model import load_tokenizer
     from .warmstart import supervised_train
 
     train, test = countdown.load_parquet(dataset_snapshot, n_train, REHEARSAL_TEST_PROBLEMS)
     solved = [(p, countdown.worked_answer(p.numbers, p.target)) for p in train]
-    tokenizer = train_tokenizer(english_corpus() + [_chat_text(p, a) for p, a in solved[:4000]])
-    model = build_model(tokenizer, ws.seed)
-    prompts = data.encode_prompts(tokenizer, [p for p, _ in solved], "chat")
-    answers = [tokenizer(a, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for _, a in solved]
-    steps, loss, seconds = supervised_train(model, prompts, answers, ws, tokenizer.pad_token_id, f"rehearsal {REHEARSAL_MODEL}")
-    model.eval()
-    n_params = sum(p.numel() for p in model.parameters())
-    card = (f"# {REHEARSAL_MODEL}\n\nMade by dlcrepro.rehearsal for the CPU rehearsal of the paper path: "
-            f"Qwen3ForCausalLM {json.dumps(REHEARSAL_ARCH)}, {n_params} parameters; byte-level BPE tokenizer of "
-            f"{len(tokenizer)} tokens; warm start {json.dumps(asdict(ws))} on worked answers of "
-            f"{REHEARSAL_DATASET}'s first {n_train} rows.\n")
     with tempfile.TemporaryDirectory() as tmp:
-        save_checkpoint_dir(model, tokenizer, Path(tmp), card)
+        out = Path(tmp)
+        save_tokenizer(train_tokenizer(english_corpus() + [_chat_text(p, a) for p, a in solved[:4000]]), out)
+        tokenizer = load_tokenizer(out)  # as a paper job loads it (Qwen2Tokenizer): the warm start sees its ids
+        model = build_model(tokenizer, ws.seed)
+        prompts = data.encode_prompts(tokenizer, [p for p, _ in solved], "chat")
+        answers = [tokenizer(a, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for _, a in solved]
+        steps, loss, seconds = supervised_train(model, prompts, answers, ws, tokenizer.pad_token_id,
+                                                f"rehearsal {REHEARSAL_MODEL}")
+        model.eval()
+        n_params = sum(p.numel() for p in model.parameters())
+        card = (f"# {REHEARSAL_MODEL}\n\nMade by dlcrepro.rehearsal for the CPU rehearsal of the paper path: "
+                f"Qwen3ForCausalLM {json.dumps(REHEARSAL_ARCH)}, {n_params} parameters; byte-level BPE tokenizer of "
+                f"{len(tokenizer)} tokens; warm start {json.dumps(asdict(ws))} on worked answers of "
+                f"{REHEARSAL_DATASET}'s first {n_train} rows.\n")
+        save_checkpoint_dir(model, tokenizer, out, card)
         ecfg = EngineConfig(max_tokens=96)
         engine = VLLMEngine(tmp, ecfg, "bf16", seed=ws.seed)
         prompts_test = data.encode_prompts(tokenizer, test, "chat")
         responses = engine.greedy(prompts_test)
         acc = float(np.mean([r == countdown.REWARD_CORRECT for r in data.rewards(tokenizer, test, responses)]))
-        snap = write_snapshot(Path(tmp), REHEARSAL_MODEL, "model", cache)
+        snap = write_snapshot(out, REHEARSAL_MODEL, "model", cache)
     return {
         "model": REHEARSAL_MODEL,
         "snapshot": str(snap),
