@@ -45,18 +45,20 @@ from __future__ import annotations
 import gc
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
 import torch
 
-from . import quant
+from . import manifest, quant
 from .util import log
 from .config import EngineConfig
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM warns per weight on every load
+# vLLM's start-up chatter; a weight reload's warnings are collected and shown (manifest.vllm_warnings)
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The engines share this process with the trainer: binding vLLM's OpenMP threads to cores makes two
 # jobs on one machine fight over the same cores (measured: 2 parallel cells 66 s bound, 32 s not).
@@ -142,13 +144,6 @@ def request_seeds(seed: int, count: int) -> list[int]:
 # These run inside vLLM's worker (`collective_rpc` passes the worker as first argument).
 
 
-def _worker_load_weights(worker, state: dict[str, torch.Tensor]) -> int:
-    """In-place reload in checkpoint format: vLLM re-runs each layer's post-load processing
-    (CPU weight repacking, or FP8 scales on GPU) after `model.load_weights`."""
-    worker.model_runner.reload_weights(weights_iterator=list(state.items()), is_checkpoint_format=True)
-    return len(state)
-
-
 def _worker_fp8_activation_hooks(worker, group: int) -> int:
     """Round the input of every linear layer of the decoder to FP8 per token in 1 x group groups."""
     from vllm.model_executor.layers.linear import LinearBase
@@ -207,10 +202,12 @@ def _is_torch_fallback(fn) -> bool:
 BF16_GEMM_CHOICE: dict[str, int] = {}  # this process's layers by the kernel chosen: for the engine's log line
 
 
-def use_fp32_sum_for_bf16_fallback() -> None:
-    """Wrap vLLM's CPU linear dispatch (in this process, once): a BF16 layer it leaves on the torch
-    fallback computes with `bf16_linear_fp32_sum` instead. The dispatch runs again at every weight
-    reload, and so does the wrapper."""
+def wrap_cpu_linear_dispatch() -> None:
+    """Wrap vLLM's CPU linear dispatch (in this process, once): it first keeps the weight's row
+    products for the load manifest (`manifest.record_row_products`: vLLM may then drop the weight
+    into a packed kernel), and a BF16 layer vLLM leaves on the torch fallback computes with
+    `bf16_linear_fp32_sum` instead. The dispatch runs again at every weight reload, and so does the
+    wrapper."""
     import vllm.model_executor.layers.utils as layer_utils
 
     if getattr(layer_utils.dispatch_cpu_unquantized_gemm, "dlcrepro_wrapped", False):
@@ -218,6 +215,7 @@ def use_fp32_sum_for_bf16_fallback() -> None:
     vllm_dispatch = layer_utils.dispatch_cpu_unquantized_gemm
 
     def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
+        manifest.record_row_products(layer)
         vllm_dispatch(layer, remove_weight)
         fallback = layer.weight.dtype == torch.bfloat16 and _is_torch_fallback(getattr(layer, "cpu_linear", None))
         if fallback:
@@ -286,6 +284,11 @@ TrainerLogp = Callable[[list[list[int]], list[list[int]]], torch.Tensor]
 
 class SyncCheckError(RuntimeError):
     """After a weight sync the engine does not compute what the trainer holds."""
+
+
+class WeightLoadError(SyncCheckError):
+    """A weight reload's manifest is wrong: a tensor not taken, a parameter not reloaded, or an engine
+    tensor whose fingerprint is not the trainer's (manifest.py). A fault of the load, never an outcome."""
 
 
 def _as_dtype(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -392,7 +395,7 @@ class VLLMEngine:
             # CPU job spent compiling an op on an (n, vocab) tensor (5.1 of a 10-step cell's 6.7 s
             # of sampling). Eager gives the same numbers. Process-wide; nothing else compiles on CPU.
             torch._dynamo.config.disable = True
-            use_fp32_sum_for_bf16_fallback()
+            wrap_cpu_linear_dispatch()
         # vLLM runs full garbage collections while it starts; objects that already exist (the
         # imported libraries, the problem set) need not be scanned: 1.1 s of a 2.3 s start here.
         gc.freeze()
@@ -416,6 +419,8 @@ class VLLMEngine:
                 raise RuntimeError("fp8 engine: no attention layer found to quantize its inputs")
         # the engine holds the directory's weights (version 0), or dummy ones until the first load
         self.version = -1 if self.native else 0
+        self.reload_warnings: set[str] = set()  # what vLLM warned at its reloads (logged once each)
+        self.reload_seconds = self.manifest_seconds = 0.0  # the last load's: vLLM's reload, the manifest's own work
         # a few sequences it last sampled: what the next sync's check teacher-forces
         self.check_seqs: tuple[list[list[int]], list[list[int]]] | None = None
 
@@ -426,15 +431,51 @@ class VLLMEngine:
             return "bf16"
         return f"{self.precision.name} ({'native' if self.native else 'emulated'})"
 
-    def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+    def transform(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The tensors this engine is sent for a trainer state dict: the precision's transform."""
         transform = self.precision.native_transform if self.native else self.precision.transform
-        self.llm.collective_rpc(_worker_load_weights, args=(transform(state, self.dtype),))
+        return transform(state, self.dtype)
+
+    def load_weights(self, state: dict[str, torch.Tensor], version: int, expected: dict[str, torch.Tensor] | None = None) -> None:
+        """Reload the engine with the trainer state `state` as `version`, and check its manifest
+        (`push`) against `expected`: the trainer's current weights of that version (default: `state`
+        itself, which checks the load path but not which version was sent)."""
+        sent = self.transform(state)
+        t = time.perf_counter()
+        want = manifest.fingerprints(sent if expected is None or expected is state else self.transform(expected))
+        t = time.perf_counter() - t
+        self.push(sent, version, want)
+        self.manifest_seconds += t  # the trainer's side of the fingerprints
+
+    def push(self, sent: dict[str, torch.Tensor], version: int, want: dict[str, manifest.Fingerprint]) -> manifest.Manifest:
+        """Reload the engine with `sent` (already transformed, checkpoint names) as `version`; raise
+        WeightLoadError, naming the parameters, unless every sent tensor was taken, every engine
+        parameter received one, and every engine tensor's fingerprint after vLLM's post-load
+        processing is `want`'s (checkpoint name -> fingerprint). Returns the manifest. Seconds: vLLM's
+        reload in `reload_seconds`, the manifest's own work (worker and comparison) in `manifest_seconds`."""
+        t = time.perf_counter()
+        (m,) = self.llm.collective_rpc(manifest.reload_with_manifest, args=(sent,))
+        wrong = manifest.problems(m, sent, want)
+        self.reload_seconds, self.manifest_seconds = m.reload_seconds, time.perf_counter() - t - m.reload_seconds
         self.llm.reset_prefix_cache()
+        for w in m.warnings:
+            if w not in self.reload_warnings:  # each once: a correct reload warns about the rotary embedding every time
+                self.reload_warnings.add(w)
+                log(f"vLLM, reloading version {version} into the {self.kind} engine, warned: {w}")
+        if wrong:
+            if not m.unknown:  # reloaded, wrongly: the engine holds no version the trainer has
+                self.version = -1
+            raise WeightLoadError(
+                f"weight load failed: the {self.kind} engine, given version {version}: " + "; ".join(wrong)
+                + (". vLLM warned: " + " | ".join(m.warnings) if m.warnings else "")
+            )
         self.version = version
+        return m
 
     def _check_loaded(self) -> None:
         if self.version < 0:
-            raise RuntimeError("this engine starts from dummy weights (native FP8): call load_weights first")
+            raise RuntimeError("this engine holds no verified weights (a native FP8 engine starts from dummy ones; "
+                               "a failed load leaves wrong ones): call load_weights first")
 
     def _params(self, n: int, seed: int | None, logprobs: int | None, greedy: bool = False):
         from vllm import SamplingParams
