@@ -228,7 +228,7 @@ def reload_with_manifest(worker, sent: dict[str, torch.Tensor]) -> Manifest:
 # --------------------------------------------------------------------------- the comparison
 
 
-def _named(what: str, names: list[str], limit: int = 12) -> str:
+def _named(what: str, names: list[str], limit: int = 24) -> str:
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
     return f"{what}: {', '.join(names[:limit])}{more}"
 
@@ -239,10 +239,12 @@ def problems(m: Manifest, sent: dict[str, torch.Tensor], expected: dict[str, Fin
     trainer holds but did not send, and checkpoint names whose engine slice's fingerprint is not the
     trainer's (`expected`: checkpoint name -> fingerprint of what the engine should hold)."""
     if m.unknown:
-        return [_named("sent tensors no engine parameter takes in their name and shape (nothing was reloaded)", m.unknown)]
+        return [_named("sent tensors no engine parameter takes in their name and shape (nothing was reloaded)",
+                       m.unknown)]
     out = []
     if m.not_received:
-        out.append(_named("engine parameters that received no tensor in this reload (they keep their previous values)", m.not_received))
+        out.append(_named("engine parameters that received no tensor in this reload (they keep their previous values)",
+                          m.not_received))
     if m.unreadable:
         out.append(_named("engine parameters whose layer was not processed in this reload", m.unreadable))
     missing = sorted(k for k in expected if k not in sent)
