@@ -2,7 +2,8 @@
 
 The engine is a real vLLM instance in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`).
 New weights go in through `llm.collective_rpc(fn)` whose worker-side function reloads them in
-place (`model_runner.reload_weights`: `model.load_weights` plus each layer's post-load processing).
+place (`model_runner.reload_weights`: `model.load_weights` plus each layer's post-load processing)
+and reports what arrived: the load manifest, checked against the trainer's weights (manifest.py).
 FP8 on GPU is vLLM's own path: block-FP8 linear layers fed FP8 weights and their `weight_scale_inv`
 at every sync, and FP8 attention (`kv_cache_dtype="fp8"`, FlashAttention 3). On CPU, vLLM's FP8
 weight kernels do not run, so the FP8 engine emulates both with forward pre-hooks registered inside
@@ -124,8 +125,9 @@ class Engine(Protocol):
 
     version: int
 
-    def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
-        """Replace the engine's weights (trainer parameter names) and record their version."""
+    def load_weights(self, state: dict[str, torch.Tensor], version: int, expected: dict[str, torch.Tensor] | None = None) -> None:
+        """Replace the engine's weights (trainer parameter names) and record their version; raise if
+        the engine does not then hold `expected` (default `state`): the load manifest."""
 
     def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int, topk: int = 0, logprobs: bool = True) -> Rollout:
         """Sample `n` responses per prompt at temperature 1, with the sampled tokens' log-probs
@@ -260,7 +262,8 @@ class Precision:
 # fp8_stale/is run whose logits had grown large (BF16 rounds a large logit coarsely; docs/measurements.md
 # "The weight-sync check"). The bound, 1.0 for both, is ~3x the largest correct value seen and 2.6x
 # below the smallest broken one. It no longer tells a sync stale by one update from a correct one
-# (0.08-0.33 at lr 0.3): what it catches is weights that are not the trainer's at all.
+# (0.08-0.33 at lr 0.3): what it catches is weights that are not the trainer's at all; a stale or partial
+# load is the load manifest's (manifest.py), checked first.
 CHECK_SEQS = 4  # sequences teacher-forced per check
 CHECK_TOKENS = 32  # response tokens scored per sequence, at most
 CHECK_MIN_PROB = 1e-3  # the check compares the tokens the trainer gives at least this probability
@@ -615,8 +618,8 @@ class VLLMEngine:
         nats per token. What it cannot tell from a correct sync: the previous version's weights when
         one update moves log-probs by less than the bound (on the tiny model at lr 0.02 one update
         moves them at most 0.02 nats per token, within BF16 rounding; at lr 0.3, 0.08-0.33: mostly
-        caught in BF16, never in FP8). A weight missing from a reload keeps the previous version's
-        value, so it is caught only as far as that version is."""
+        caught in BF16, never in FP8). A weight missing from a reload, a stale push or a partial
+        one are the load manifest's to catch (`load_weights`, manifest.py), before this check runs."""
         d, n = self.sync_discrepancy(trainer_logp, prompts)
         bound = self.precision.sync_bound
         if n == 0:  # nothing to compare on: say so rather than pass or fail it
