@@ -7,7 +7,8 @@ trainer state that moves a little each time (as after an update), timing vLLM's 
 manifest's own work (the trainer's fingerprints, the worker's fingerprints and the comparison; the
 row products kept at vLLM's CPU dispatch are inside the reload); then each fault of
 tests/test_sync_manifest.py's FAULTS pushed against the trainer's state, printing the part of the
-WeightLoadError that caught it. A measurement, not a test: it asserts nothing.
+WeightLoadError that caught it ("a push one update stale" sends the previous push's state, one
+update of 1 % of each tensor's mean |w| away). A measurement, not a test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -41,20 +42,21 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     for precision in ("bf16", "fp8"):
         engine = VLLMEngine(args.model_dir, cfg.engine, precision, seed=0, max_model_len=64)
-        reload_ms, manifest_ms = [], []
+        reload_ms, manifest_ms, state = [], [], theta_0
         for version in range(1, args.pushes + 1):
             with torch.no_grad():
                 for q in model.parameters():
                     q.add_(0.01 * q.abs().mean() * torch.randn(q.shape, generator=g))
-            state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            engine.load_weights(state, version, expected=state)
+            previous, state = state, {k: v.detach().clone() for k, v in model.state_dict().items()}
+            # the expected weights a separate dict, as a sampler sync's θ_t: transformed and fingerprinted apart
+            engine.load_weights(state, version, expected=dict(state))
             reload_ms.append(1e3 * engine.reload_seconds)
             manifest_ms.append(1e3 * engine.manifest_seconds)
         print(f"{engine.kind}: {args.pushes} correct pushes, vLLM's reload median {statistics.median(reload_ms):.1f} ms "
               f"(max {max(reload_ms):.1f}), the manifest's own work median {statistics.median(manifest_ms):.1f} ms (max {max(manifest_ms):.1f})")
         for fault, (make, _named) in FAULTS.items():
             try:
-                engine.load_weights(make(state, theta_0, other), version, expected=state)
+                engine.load_weights(make(state, previous, other), version, expected=state)
                 print(f"  {fault}: NOT CAUGHT")
             except WeightLoadError as e:
                 caught = [part.split(":")[0] for part in str(e).split(f"given version {version}: ")[1].split(". vLLM warned")[0].split("; ")]
