@@ -2,7 +2,8 @@
 
 The engine is a real vLLM instance in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`).
 New weights go in through `llm.collective_rpc(fn)` whose worker-side function reloads them in
-place (`model_runner.reload_weights`: `model.load_weights` plus each layer's post-load processing).
+place (`model_runner.reload_weights`: `model.load_weights` plus each layer's post-load processing)
+and reports what arrived: the load manifest, checked against the trainer's weights (manifest.py).
 FP8 on GPU is vLLM's own path: block-FP8 linear layers fed FP8 weights and their `weight_scale_inv`
 at every sync, and FP8 attention (`kv_cache_dtype="fp8"`, FlashAttention 3). On CPU, vLLM's FP8
 weight kernels do not run, so the FP8 engine emulates both with forward pre-hooks registered inside
@@ -45,18 +46,20 @@ from __future__ import annotations
 import gc
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
 import torch
 
-from . import quant
+from . import manifest, quant
 from .util import log
 from .config import EngineConfig
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM warns per weight on every load
+# vLLM's start-up chatter; a weight reload's warnings are collected and shown (manifest.vllm_warnings)
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The engines share this process with the trainer: binding vLLM's OpenMP threads to cores makes two
 # jobs on one machine fight over the same cores (measured: 2 parallel cells 66 s bound, 32 s not).
@@ -122,8 +125,9 @@ class Engine(Protocol):
 
     version: int
 
-    def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
-        """Replace the engine's weights (trainer parameter names) and record their version."""
+    def load_weights(self, state: dict[str, torch.Tensor], version: int, expected: dict[str, torch.Tensor] | None = None) -> None:
+        """Replace the engine's weights (trainer parameter names) and record their version; raise if
+        the engine does not then hold `expected` (default `state`): the load manifest."""
 
     def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int, topk: int = 0, logprobs: bool = True) -> Rollout:
         """Sample `n` responses per prompt at temperature 1, with the sampled tokens' log-probs
@@ -140,13 +144,6 @@ def request_seeds(seed: int, count: int) -> list[int]:
 
 # --------------------------------------------------------------------------- worker-side functions
 # These run inside vLLM's worker (`collective_rpc` passes the worker as first argument).
-
-
-def _worker_load_weights(worker, state: dict[str, torch.Tensor]) -> int:
-    """In-place reload in checkpoint format: vLLM re-runs each layer's post-load processing
-    (CPU weight repacking, or FP8 scales on GPU) after `model.load_weights`."""
-    worker.model_runner.reload_weights(weights_iterator=list(state.items()), is_checkpoint_format=True)
-    return len(state)
 
 
 def _worker_fp8_activation_hooks(worker, group: int) -> int:
@@ -207,10 +204,12 @@ def _is_torch_fallback(fn) -> bool:
 BF16_GEMM_CHOICE: dict[str, int] = {}  # this process's layers by the kernel chosen: for the engine's log line
 
 
-def use_fp32_sum_for_bf16_fallback() -> None:
-    """Wrap vLLM's CPU linear dispatch (in this process, once): a BF16 layer it leaves on the torch
-    fallback computes with `bf16_linear_fp32_sum` instead. The dispatch runs again at every weight
-    reload, and so does the wrapper."""
+def wrap_cpu_linear_dispatch() -> None:
+    """Wrap vLLM's CPU linear dispatch (in this process, once): it first keeps the weight's row
+    products for the load manifest (`manifest.record_row_products`: vLLM may then drop the weight
+    into a packed kernel), and a BF16 layer vLLM leaves on the torch fallback computes with
+    `bf16_linear_fp32_sum` instead. The dispatch runs again at every weight reload, and so does the
+    wrapper."""
     import vllm.model_executor.layers.utils as layer_utils
 
     if getattr(layer_utils.dispatch_cpu_unquantized_gemm, "dlcrepro_wrapped", False):
@@ -218,6 +217,7 @@ def use_fp32_sum_for_bf16_fallback() -> None:
     vllm_dispatch = layer_utils.dispatch_cpu_unquantized_gemm
 
     def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
+        manifest.record_row_products(layer)
         vllm_dispatch(layer, remove_weight)
         fallback = layer.weight.dtype == torch.bfloat16 and _is_torch_fallback(getattr(layer, "cpu_linear", None))
         if fallback:
@@ -262,7 +262,8 @@ class Precision:
 # fp8_stale/is run whose logits had grown large (BF16 rounds a large logit coarsely; docs/measurements.md
 # "The weight-sync check"). The bound, 1.0 for both, is ~3x the largest correct value seen and 2.6x
 # below the smallest broken one. It no longer tells a sync stale by one update from a correct one
-# (0.08-0.33 at lr 0.3): what it catches is weights that are not the trainer's at all.
+# (0.08-0.33 at lr 0.3): what it catches is weights that are not the trainer's at all; a stale or partial
+# load is the load manifest's (manifest.py), checked first.
 CHECK_SEQS = 4  # sequences teacher-forced per check
 CHECK_TOKENS = 32  # response tokens scored per sequence, at most
 CHECK_MIN_PROB = 1e-3  # the check compares the tokens the trainer gives at least this probability
@@ -286,6 +287,11 @@ TrainerLogp = Callable[[list[list[int]], list[list[int]]], torch.Tensor]
 
 class SyncCheckError(RuntimeError):
     """After a weight sync the engine does not compute what the trainer holds."""
+
+
+class WeightLoadError(SyncCheckError):
+    """A weight reload's manifest is wrong: a tensor not taken, a parameter not reloaded, or an engine
+    tensor whose fingerprint is not the trainer's (manifest.py). A fault of the load, never an outcome."""
 
 
 def _as_dtype(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -397,7 +403,7 @@ class VLLMEngine:
             # CPU job spent compiling an op on an (n, vocab) tensor (5.1 of a 10-step cell's 6.7 s
             # of sampling). Eager gives the same numbers. Process-wide; nothing else compiles on CPU.
             torch._dynamo.config.disable = True
-            use_fp32_sum_for_bf16_fallback()
+            wrap_cpu_linear_dispatch()
         # vLLM runs full garbage collections while it starts; objects that already exist (the
         # imported libraries, the problem set) need not be scanned: 1.1 s of a 2.3 s start here.
         gc.freeze()
@@ -421,6 +427,8 @@ class VLLMEngine:
                 raise RuntimeError("fp8 engine: no attention layer found to quantize its inputs")
         # the engine holds the directory's weights (version 0), or dummy ones until the first load
         self.version = -1 if self.native else 0
+        self.reload_warnings: set[str] = set()  # what vLLM warned at its reloads (logged once each)
+        self.reload_seconds = self.manifest_seconds = 0.0  # the last load's: vLLM's reload, the manifest's own work
         # a few sequences it last sampled: what the next sync's check teacher-forces
         self.check_seqs: tuple[list[list[int]], list[list[int]]] | None = None
 
@@ -431,15 +439,51 @@ class VLLMEngine:
             return "bf16"
         return f"{self.precision.name} ({'native' if self.native else 'emulated'})"
 
-    def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+    def transform(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The tensors this engine is sent for a trainer state dict: the precision's transform."""
         transform = self.precision.native_transform if self.native else self.precision.transform
-        self.llm.collective_rpc(_worker_load_weights, args=(transform(state, self.dtype),))
+        return transform(state, self.dtype)
+
+    def load_weights(self, state: dict[str, torch.Tensor], version: int, expected: dict[str, torch.Tensor] | None = None) -> None:
+        """Reload the engine with the trainer state `state` as `version`, and check its manifest
+        (`push`) against `expected`: the trainer's current weights of that version (default: `state`
+        itself, which checks the load path but not which version was sent)."""
+        sent = self.transform(state)
+        t = time.perf_counter()
+        want = manifest.fingerprints(sent if expected is None or expected is state else self.transform(expected))
+        t = time.perf_counter() - t
+        self.push(sent, version, want)
+        self.manifest_seconds += t  # the trainer's side of the fingerprints
+
+    def push(self, sent: dict[str, torch.Tensor], version: int, want: dict[str, manifest.Fingerprint]) -> manifest.Manifest:
+        """Reload the engine with `sent` (already transformed, checkpoint names) as `version`; raise
+        WeightLoadError, naming the parameters, unless every sent tensor was taken, every engine
+        parameter received one, and every engine tensor's fingerprint after vLLM's post-load
+        processing is `want`'s (checkpoint name -> fingerprint). Returns the manifest. Seconds: vLLM's
+        reload in `reload_seconds`, the manifest's own work (worker and comparison) in `manifest_seconds`."""
+        t = time.perf_counter()
+        (m,) = self.llm.collective_rpc(manifest.reload_with_manifest, args=(sent,))
+        wrong = manifest.problems(m, sent, want)
+        self.reload_seconds, self.manifest_seconds = m.reload_seconds, time.perf_counter() - t - m.reload_seconds
         self.llm.reset_prefix_cache()
+        for w in m.warnings:
+            if w not in self.reload_warnings:  # each once: a correct reload warns about the rotary embedding every time
+                self.reload_warnings.add(w)
+                log(f"vLLM, reloading version {version} into the {self.kind} engine, warned: {w}")
+        if wrong:
+            if not m.unknown:  # reloaded, wrongly: the engine holds no version the trainer has
+                self.version = -1
+            raise WeightLoadError(
+                f"weight load failed: the {self.kind} engine, given version {version}: " + "; ".join(wrong)
+                + (". vLLM warned: " + " | ".join(m.warnings) if m.warnings else "")
+            )
         self.version = version
+        return m
 
     def _check_loaded(self) -> None:
         if self.version < 0:
-            raise RuntimeError("this engine starts from dummy weights (native FP8): call load_weights first")
+            raise RuntimeError("this engine holds no verified weights (a native FP8 engine starts from dummy ones; "
+                               "a failed load leaves wrong ones): call load_weights first")
 
     def _params(self, n: int, seed: int | None, logprobs: int | None, greedy: bool = False):
         from vllm import SamplingParams
@@ -579,8 +623,8 @@ class VLLMEngine:
         nats per token. What it cannot tell from a correct sync: the previous version's weights when
         one update moves log-probs by less than the bound (on the tiny model at lr 0.02 one update
         moves them at most 0.02 nats per token, within BF16 rounding; at lr 0.3, 0.08-0.33: mostly
-        caught in BF16, never in FP8). A weight missing from a reload keeps the previous version's
-        value, so it is caught only as far as that version is."""
+        caught in BF16, never in FP8). A weight missing from a reload, a stale push or a partial
+        one are the load manifest's to catch (`load_weights`, manifest.py), before this check runs."""
         d, n = self.sync_discrepancy(trainer_logp, prompts)
         bound = self.precision.sync_bound
         if n == 0:  # nothing to compare on: say so rather than pass or fail it

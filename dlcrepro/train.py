@@ -292,7 +292,9 @@ class Trainer(Learner):
         self.probe_engine = self.engine if shared else VLLMEngine(str(model_dir), cfg.engine, "bf16", seed)
         self.probe_version = -1
         self.sync_checks: list[dict] = []  # one per checked weight sync: engine, version, discrepancy, seconds
-        self.matched_weight_max: dict[int, float] = {}  # per engine (id): the largest |weight| of the last version it matched
+        # per engine role (engine_role): the largest |weight| of the last version it matched; saved in
+        # the checkpoint, so that a resumed run judges a failed check as an uninterrupted one does
+        self.matched_weight_max: dict[str, float] = {}
         self.ckpt_on_disk: dict | None = None  # the sidecar entry of the checkpoint file on disk (checkpoint.save)
         self.topk = engine_topk(correction, cfg.engine)
         self.shared_rollouts: dict[int, Rollout] = {}  # step -> the batch this sampler's cells share (rollouts.py; set by train_cell)
@@ -301,14 +303,20 @@ class Trainer(Learner):
 
     # ------------------------------------------------------------------ pieces of a step
 
-    def push_weights(self, engine: VLLMEngine, model: torch.nn.Module, version: int) -> None:
-        """`model`'s weights into `engine` as `version`, then the sync check (`engine.sync_check`):
-        the engine's teacher-forced log-probs of a few sequences against `model`'s. A failed check
-        raises SyncCheckError and stops the run, unless the weights have grown BLOWUP-fold or more
-        (largest |weight|) since the last version this engine matched: then the load path is known
-        good and what the engine cannot compute is weights an update blew up (Diverged;
-        docs/method.md#diverged-runs)."""
-        engine.load_weights({k: v.detach() for k, v in model.state_dict().items()}, version)
+    def push_weights(self, engine: VLLMEngine, model: torch.nn.Module, version: int,
+                     expected: torch.nn.Module | None = None) -> None:
+        """`model`'s weights into `engine` as `version`, checked twice. First the load manifest
+        (`engine.load_weights`): every tensor taken, every engine parameter reloaded, each engine
+        tensor's fingerprint that of `expected`'s weights (the trainer's copy of that version; default
+        `model`); a wrong load raises WeightLoadError and stops the run, always. Then the sync check
+        (`engine.sync_check`): the engine's teacher-forced log-probs of a few sequences against
+        `model`'s. A failed check raises SyncCheckError and stops the run, unless the weights have
+        grown BLOWUP-fold or more (largest |weight|) since the last version this engine matched: the
+        load being right (the manifest passed), what the engine cannot compute is weights an update
+        blew up (Diverged; docs/method.md#diverged-runs)."""
+        state = {k: v.detach() for k, v in model.state_dict().items()}
+        want = None if expected is None else {k: v.detach() for k, v in expected.state_dict().items()}
+        engine.load_weights(state, version, expected=want)  # WeightLoadError: a fault, never a divergence
         if not self.cfg.engine.sync_check:
             return
         top = largest_abs_weight(model.parameters())
@@ -317,26 +325,32 @@ class Trainer(Learner):
         def trainer_logp(prompts: list[list[int]], responses: list[list[int]]) -> torch.Tensor:
             return self.token_logp(model, make_token_batch(prompts, responses, self.tokenizer.pad_token_id).to(self.device))
 
+        role = self.engine_role(engine)
         try:
             d = engine.check_sync(trainer_logp, self.eval_prompts)
         except SyncCheckError as e:
-            matched = self.matched_weight_max.get(id(engine))
+            matched = self.matched_weight_max.get(role)
             if matched is None or top < BLOWUP * matched:
                 raise
             raise Diverged(version, f"θ_{version}'s largest |weight| is {top:.4g}, {top / matched:.0f}x that of the last version the {engine.kind} engine "
                                     f"matched, and the engine no longer computes its policy ({str(e).split('; ')[0]}): the run diverged") from e
-        self.matched_weight_max[id(engine)] = top
+        if not math.isnan(d):  # a check that cannot tell (no likely token) matched nothing: the baseline stays
+            self.matched_weight_max[role] = top
         sec = time.perf_counter() - t
         self.sync_checks.append({"engine": engine.kind, "version": version, "discrepancy": d, "seconds": sec})
-        log(f"sync check: {engine.kind} engine holds version {version}: mean |log q − log π| {d:.4f}/token "
-            f"(bound {engine.precision.sync_bound}) in {sec:.2f} s")
+        log(f"sync check: {engine.kind} engine holds version {version} (load manifest {1e3 * engine.manifest_seconds:.0f} ms): "
+            f"mean |log q − log π| {d:.4f}/token (bound {engine.precision.sync_bound}) in {sec:.2f} s")
+
+    def engine_role(self, engine: VLLMEngine) -> str:
+        """"sampler" or "probe": an engine's name in the growth baselines, the same in every process."""
+        return "sampler" if engine is self.engine else "probe"
 
     def sync_sampler(self, cell: Cell) -> None:
         """θ_s ← θ_t, pushed to the run's engine (unless it already holds this version of θ_t)."""
         version = cell.step
         self.sampler_model.load_state_dict(self.policy.state_dict())
         if self.engine.version != version:
-            self.push_weights(self.engine, self.sampler_model, version)
+            self.push_weights(self.engine, self.sampler_model, version, expected=self.policy)
         if self.probe_engine is self.engine:
             self.probe_version = version
         cell.sampler_version = version
@@ -492,6 +506,7 @@ class Trainer(Learner):
             "optimizer": self.opt.state_dict(),
             "sampler": self.sampler_model.state_dict(),
             "torch_rng": torch.get_rng_state(),
+            "matched_weight_max": dict(self.matched_weight_max),
             "run": run,
         }
         self.ckpt_on_disk = checkpoint.save(path, blob, run, cell.step, self.ckpt_on_disk)
@@ -503,6 +518,7 @@ class Trainer(Learner):
         self.opt.load_state_dict(blob["optimizer"])
         self.sampler_model.load_state_dict(blob["sampler"])
         torch.set_rng_state(blob["torch_rng"])
+        self.matched_weight_max = dict(blob.get("matched_weight_max", {}))  # none in a checkpoint written before it was saved
         return Cell(**blob["cell"])
 
 
@@ -706,10 +722,11 @@ def start_or_resume(tr: Trainer, ckpt: Path, out: Path, meta: dict, run: dict, n
     with θ_0's accuracies (where every run's accuracy curve starts): `initial` where its seed's were
     computed once (initial_eval.py), else measured here; a checkpoint that does not verify is set
     aside, named. The engines then hold θ_s."""
-    cell = None
+    cell, resumed = None, False
     if ckpt.exists():
         try:
             cell = tr.load_checkpoint(ckpt, run)
+            resumed = True
             note(f"resuming {out} from step {cell.step}")
         except checkpoint.BadCheckpoint as e:
             aside = checkpoint.set_aside(ckpt, e.kind)
@@ -724,7 +741,10 @@ def start_or_resume(tr: Trainer, ckpt: Path, out: Path, meta: dict, run: dict, n
             tr.sync_probe(0)
     where = {k: os.environ[k] for k in ("SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES") if k in os.environ}
     note(f"device {tr.device}, torch threads {torch.get_num_threads()}" + "".join(f", {k}={v}" for k, v in where.items()))
+    baselines = dict(tr.matched_weight_max)
     tr.push_weights(tr.engine, tr.sampler_model, cell.sampler_version)
+    if resumed:  # θ_s re-verified is no new match: the baselines stay those the uninterrupted run had
+        tr.matched_weight_max = baselines
     if tr.probe_engine is tr.engine:
         tr.probe_version = cell.sampler_version
     return cell

