@@ -296,6 +296,7 @@ def test_config_files_merge_as_snakemakes_configfiles():
 # ----------------------------------------------------------------------------- the workflow
 
 
+@pytest.mark.snakemake
 def test_a_dry_run_with_a_missing_model_fails_before_any_job_with_the_fetch_line(tmp_path):
     hub = fake_hf_cache(tmp_path / "hub", models=PAPER_MODELS[:1])
     p = snakemake_dry_run(hub, PAPER)
@@ -314,6 +315,7 @@ def finish(results, model):
             (results / c.name / "summary.json").write_text("{}")
 
 
+@pytest.mark.snakemake
 def test_a_dry_run_whose_cells_needing_a_missing_model_are_finished_goes_on(tmp_path):
     """Only a cell still to run loads a model: with Qwen3-1.7B's cells finished its weights may be
     gone (the plan says so); with one of them unfinished the dry run stops as before."""
@@ -330,6 +332,7 @@ def test_a_dry_run_whose_cells_needing_a_missing_model_are_finished_goes_on(tmp_
     assert p.returncode != 0 and "huggingface-cli download Qwen/Qwen3-1.7B" in p.stdout and "Nothing was submitted." in p.stdout
 
 
+@pytest.mark.snakemake
 def test_the_tables_of_a_finished_grid_need_no_weights_and_no_data(tmp_path):
     results = tmp_path / "results"
     for model in ("qwen3-0.6b", "qwen3-1.7b"):
@@ -340,6 +343,7 @@ def test_the_tables_of_a_finished_grid_need_no_weights_and_no_data(tmp_path):
     assert p.returncode == 0 and p.stdout.count("MISSING (no cell left to run reads it") == 3, p.stdout[-3000:]
 
 
+@pytest.mark.snakemake
 def test_unlock_needs_no_weights(tmp_path):
     """`snakemake --unlock` loads no model: it works with the paper grid unfinished and its weights gone."""
     work = tmp_path / "work"
@@ -351,6 +355,7 @@ def test_unlock_needs_no_weights(tmp_path):
     assert not list((work / ".snakemake").rglob("*.lock"))
 
 
+@pytest.mark.snakemake
 def test_a_dry_run_of_the_paper_grid_prints_the_plan_first(tmp_path):
     p = snakemake_dry_run(fake_hf_cache(tmp_path / "hub"), PAPER)
     text = p.stdout
@@ -359,6 +364,7 @@ def test_a_dry_run_of_the_paper_grid_prints_the_plan_first(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch has no CUDA device")
+@pytest.mark.snakemake
 def test_a_gpu_models_job_config_carries_its_gpu_count_so_the_job_can_refuse_a_cpu_torch(tmp_path):
     """Jobs read results/_config/<model>.yaml, which leaves Slurm resources out (editing them reruns
     nothing) except the GPU count: without it a job could not know it must not train on CPU."""
@@ -372,6 +378,7 @@ def test_a_gpu_models_job_config_carries_its_gpu_count_so_the_job_can_refuse_a_c
         cluster.check_device(job_cfg, "qwen3-0.6b")
 
 
+@pytest.mark.snakemake
 def test_a_local_dry_run_of_the_smoke_grid_needs_no_cache_and_prints_no_plan(tmp_path):
     p = snakemake_dry_run(tmp_path / "empty-hub", SMOKE)
     assert p.returncode == 0, (p.stdout)[-3000:]

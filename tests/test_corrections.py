@@ -245,6 +245,7 @@ def test_center_removes_the_baseline_induced_bias_of_a_constant_discrepancy():
     assert (pg - target).norm() > 0.05 * target.norm()  # pg keeps E[A·Σ_t (q_t − π_t)], the baseline-induced term
 
 
+@pytest.mark.slow
 def test_monte_carlo_center_matches_its_exact_expectation():
     """Sampled groups of the tabular bandit: the Monte-Carlo mean is within 4 standard errors."""
     gen = torch.Generator().manual_seed(0)

@@ -115,6 +115,7 @@ def test_gpu_check_script_runs_every_piece_on_cpu():
     assert lines[-1].startswith("SKIP paper-trainer") and "GPU" in lines[-1]  # paper-size models: CUDA only
 
 
+@pytest.mark.slow
 def test_paper_trainer_piece_runs_a_learner_step_at_the_paper_batch_shape():
     """The paper-trainer piece (Learner alone, the paper config's 512 sequences and micro_batch)
     on a small architecture: every phase runs and the sizes it reports are the paper config's."""

@@ -20,11 +20,13 @@ def snakemake(*args, timeout=1200, env=None):
     return subprocess.run(SNAKEMAKE + list(args), cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.snakemake
 def test_lint_is_clean():
     p = snakemake("--lint")
     assert p.returncode == 0 and "Congratulations" in p.stdout + p.stderr, p.stdout + p.stderr
 
 
+@pytest.mark.snakemake
 def test_paper_grid_is_168_training_jobs(tmp_path):
     hub = fake_hf_cache(tmp_path / "hub")  # the weights and data the plan checks for before the DAG
     p = snakemake("-n", "--configfile", "configs/paper.yaml", "--quiet", "rules", env={**os.environ, "HF_HUB_CACHE": str(hub)})
@@ -34,6 +36,7 @@ def test_paper_grid_is_168_training_jobs(tmp_path):
 
 
 @pytest.mark.parametrize("files", [["configs/zoo.yaml"], ["configs/tiny.yaml", "configs/zoo.yaml"]])
+@pytest.mark.snakemake
 def test_the_zoo_overlay_stands_on_its_own(files, tmp_path):
     """configs/zoo.yaml names its base: alone it is the tiny study's grid with every correction."""
     p = snakemake("-n", "--configfile", *files, "--quiet", "rules", "--config",
@@ -61,6 +64,7 @@ def bad_config(tmp_path, edit):
         (lambda c: c.update(grdi={}), "grdi"),
     ],
 )
+@pytest.mark.snakemake
 def test_schema_errors_name_the_key_and_allowed_values(tmp_path, edit, needle):
     p = bad_config(tmp_path, edit)
     assert p.returncode != 0 and needle in p.stdout + p.stderr, (p.stdout + p.stderr)[-2000:]
@@ -136,6 +140,7 @@ def test_smoke_pipeline_end_to_end_then_one_cell_reruns_alone(tmp_path):
     assert jobs.get("train") == "28" and "warmstart" not in jobs, p.stdout + p.stderr
 
 
+@pytest.mark.snakemake
 def test_snakemake_scaling_writes_its_own_scans_table_and_leaves_the_committed_one_alone(tmp_path):
     """`snakemake scaling` draws the table and figure of its own scan beside the scan's rows
     (results/scaling/), never over the committed paper_tables/scaling.* and figures/scaling.*, which
