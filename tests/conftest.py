@@ -85,11 +85,14 @@ class WarmStart:
 
     artifacts: Path  # <artifacts>/tiny/model, <artifacts>/tiny/warmstart.json
     job_config: Path  # the rule's input (results/_config/tiny.warmstart.yaml), older than its outputs
+    # what a study sharing it adds to its snakemake command line: every rerun trigger but `input`,
+    # which sees the job config's copy as another input file than the one the warm start was made from
+    SNAKEMAKE_ARGS = ("--rerun-triggers", "mtime", "params", "software-env", "code")
 
     def up_to_date_in(self, results_dir: Path) -> None:
-        """Make a study with `artifacts=self.artifacts` and this results directory find the warm start
-        done: its job config, copied with its modification time, is older than the warm start, and
-        the workflow rewrites it only when its text changes (workflow/rules/common.smk)."""
+        """Make a study with `artifacts=self.artifacts`, this results directory and `SNAKEMAKE_ARGS`
+        find the warm start done: its job config, copied with its modification time, is older than the
+        warm start, and the workflow rewrites it only when its text changes (workflow/rules/common.smk)."""
         (results_dir / "_config").mkdir(parents=True, exist_ok=True)
         shutil.copy2(self.job_config, results_dir / "_config" / self.job_config.name)
 

@@ -63,7 +63,7 @@ def test_a_correction_added_as_one_function_and_one_registry_entry_reaches_the_t
     # the copy's package, not the installed one, in snakemake and in every job it starts
     env = {**os.environ, "PYTHONPATH": str(repo)}
     p = subprocess.run([sys.executable, "-m", "snakemake", "--nolock", "--cores", "2", "--configfile", "configs/smoke.yaml",
-                        "configs/halved.yaml", "--config", *config], cwd=repo, env=env, capture_output=True, text=True, timeout=1200)
+                        "configs/halved.yaml", *smoke_warm_start.SNAKEMAKE_ARGS, "--config", *config], cwd=repo, env=env, capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
     assert jobs.get("train") == "2" and "warmstart" not in jobs, (p.stdout + p.stderr)[-3000:]
