@@ -69,7 +69,7 @@ ANALYSIS_ENV = "../../envs/analysis.yaml"
 
 
 def grid_cells():
-    """The grid as a list of dicts, exclusions removed (the grid is data, not code: dlcrepro/cluster.py)."""
+    """The grid as a list of dicts, exclusions removed (the grid is data, not code: dlcrepro/cluster/cells.py)."""
     return [
         dict(model=c.model, sampler=c.sampler, correction=c.correction, seed=c.seed)
         for c in cluster.grid_cells(CFG)
@@ -243,45 +243,17 @@ def model_dir_arg(wildcards):
     return m["path"]
 
 
-def train_resources(name):
-    """Resources of training jobs: per-model values from config, else the config's `resources`,
-    else cluster.TRAIN_DEFAULTS; a copying cell asks for cluster.COPY_RESOURCES."""
+def job_resource(job, name):
+    """One Slurm resource (gpu, runtime, mem_mb, cpus_per_task, or gres: the GPUs as a GRES string)
+    of a job of kind `job` (train, rollouts, initial_eval, scan), as a function of its wildcards:
+    cluster.job_resources; a training cell that copies another's run is a `copy` job."""
 
     def get(wildcards):
-        copy = same_cell(wildcards) is not None
-        return cluster.job_resources(CFG, wildcards.model, copy)[name]
+        kind = "copy" if job == "train" and same_cell(wildcards) is not None else job
+        r = cluster.job_resources(CFG, wildcards.model, kind, getattr(wildcards, "sampler", None))
+        return cluster.gres(r) if name == "gres" else r[name]
 
     return get
-
-
-def rollouts_resources(name):
-    """Resources of a rollouts job: a trained cell's of its model (it runs that cell's engine), its
-    runtime from the cost model where the model is in it (cluster.rollouts_job_resources)."""
-    return lambda wildcards: cluster.rollouts_job_resources(CFG, wildcards.model, wildcards.sampler)[name]
-
-
-def initial_eval_resources(name):
-    """Resources of a θ_0 evaluation job: a rollouts job's (one engine), its runtime from the cost
-    model where the model is in it (cluster.initial_eval_job_resources)."""
-    return lambda wildcards: cluster.initial_eval_job_resources(CFG, wildcards.model)[name]
-
-
-def initial_eval_gres(wildcards):
-    n = initial_eval_resources("gpu")(wildcards)
-    return f"gpu:{n}" if n > 0 else ""
-
-
-def rollouts_gres(wildcards):
-    n = rollouts_resources("gpu")(wildcards)
-    return f"gpu:{n}" if n > 0 else ""
-
-
-def train_gres(wildcards):
-    """GPUs of a training job as a Slurm GRES string ("gpu:1"; "" for none). A GRES string, not a
-    `gpu` count: the Slurm jobstep plugin 0.6.1 rejects a count computed by a function ("gpu must
-    be an integer, but is 1")."""
-    n = train_resources("gpu")(wildcards)
-    return f"gpu:{n}" if n > 0 else ""
 
 
 TABLE_NAMES = [
@@ -325,7 +297,7 @@ def all_outputs():
 
 # ----------------------------------------------------------------------------- the plan
 # Before anything is submitted: the cells trained and copied, GPU-hours requested and estimated,
-# the largest job, and the weights and data the jobs read (dlcrepro/cluster.py, the same lines as
+# the largest job, and the weights and data the jobs read (dlcrepro/cluster/plan.py, the same lines as
 # `python -m dlcrepro plan`). Shown while the Snakefile is parsed, because onstart does not run on
 # dry runs, by the main snakemake only (a Slurm job's snakemake parses this file too); a run that
 # asks for no GPU shows it at onstart when it submits to a cluster.

@@ -11,15 +11,6 @@ SCALING_REPS = 8
 SCALING = f"{RESULTS}/scaling"
 
 
-# Slurm resources of a scan job: the model's (a scan is a few training steps' work per rung), else
-# the config's default. Lambdas: a rule file with `def`s fails `snakemake --lint` (common.smk holds those).
-SCALING_RESOURCE = lambda name, default: lambda wildcards: int(
-    config["models"][wildcards.model]
-    .get("resources", {})
-    .get(name, config.get("resources", {}).get(name, default))
-)
-
-
 localrules:
     scaling,
 
@@ -34,14 +25,13 @@ rule scaling_scan:
         f"{LOGS}/scaling/{{model}}/{{sampler}}.log",
     conda:
         TRAIN_ENV
-    threads: 2
+    # a scan is a few training steps' work per rung (cluster.job_resources, job kind `scan`)
+    threads: job_resource("scan", "cpus_per_task")
     resources:
-        gres=lambda wildcards: (
-            f"gpu:{n}" if (n := SCALING_RESOURCE("gpu", 0)(wildcards)) > 0 else ""
-        ),
-        runtime=SCALING_RESOURCE("runtime", 60),
-        mem_mb=SCALING_RESOURCE("mem_mb", 4000),
-        cpus_per_task=2,
+        gres=job_resource("scan", "gres"),
+        runtime=job_resource("scan", "runtime"),
+        mem_mb=job_resource("scan", "mem_mb"),
+        cpus_per_task=job_resource("scan", "cpus_per_task"),
     params:
         python=PYTHON,
         model_dir=model_dir_arg,
