@@ -13,7 +13,7 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 # The package's torch-free modules, from this checkout (the Snakemake env need not have it installed).
 sys.path.insert(0, str(Path(workflow.basedir).resolve()))
-from dlcrepro import cluster, procs, tracking
+from dlcrepro import cluster, outputs, procs, tracking
 from dlcrepro.config import build as build_config
 from dlcrepro.config import with_base
 from dlcrepro.grid import computed_as, get_sampler
@@ -256,36 +256,47 @@ def job_resource(job, name):
     return get
 
 
-TABLE_NAMES = [
-    "noise_floor",
-    "accuracy",
-    "ess_crossing",
-    "resync",
-    "off_support",
-    "spearman",
-    "probe_density",
-    "findings",
-    "zoo",
-]
-FIGURE_NAMES = [
-    "mismatch",
-    "ess",
-    "noise_floor",
-    "accuracy",
-    "off_support_kl",
-    "off_support_drop",
-    "learning",
-]
+# ----------------------------------------------------------------------------- the outputs
+# Every table and figure, their files and their report captions: dlcrepro/outputs.py, the one list.
+
+
+def output_files(items, directory):
+    """The files of `items` (outputs.TABLES or outputs.FIGURES) in `directory`."""
+    return [f for o in items for f in o.files(directory)]
 
 
 def table_files():
     """Every file the tables job writes: each table as .tex, .md and .csv."""
-    return [f"{TABLES}/{t}.{ext}" for t in TABLE_NAMES for ext in ("tex", "md", "csv")]
+    return output_files(outputs.TABLES, TABLES)
 
 
 def figure_files():
     """Every file the figures job writes: each figure as .pdf and .png."""
-    return [f"{FIGURES}/{f}.{ext}" for f in FIGURE_NAMES for ext in ("pdf", "png")]
+    return output_files(outputs.FIGURES, FIGURES)
+
+
+def report_caption(output):
+    """The report's caption of an output (outputs.py), as the .rst file Snakemake's report() reads,
+    under RESULTS/_report/; rewritten only when its text changes. Absolute: report() takes a
+    relative path from the rule file's directory."""
+    path = Path(RESULTS, "_report", f"{output.name}.{output.kind}.rst").resolve()
+    text = output.caption + "\n"
+    if not path.exists() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return str(path)
+
+
+def reported_files(items, directory):
+    """output_files, the one file of each output that the report shows marked with its category and
+    caption (`snakemake --report report.html`)."""
+    return [
+        (report(f, category=o.category, caption=report_caption(o)) if o.reported(f) else f)
+        for o in items
+        for f in o.files(directory)
+    ]
 
 
 def all_outputs():
