@@ -16,7 +16,16 @@ job asks for a GPU. The names below are the package's: `from dlcrepro.cluster im
 """
 
 from .cache import Need, blocking, checkpoint_problem, missing_message, needs
-from .cells import GridCell, copy_source, finished, grid_cells, initial_eval_jobs, rollouts_jobs
+from .cells import (
+    GridCell,
+    copy_source,
+    finished,
+    grid_cells,
+    initial_eval_jobs,
+    rollouts_jobs,
+    rollouts_topk,
+    scan_corrections,
+)
 from .costs import (
     COST_MODEL,
     ENGINE_START_S,
@@ -51,5 +60,5 @@ __all__ = [
     "PeakMemory", "StepCost", "blocking", "check_device", "checkpoint_problem", "copy_source", "estimated_minutes",
     "eval_answers_per_eval", "finished", "gpu_key", "gres", "grid_cells", "initial_eval_jobs", "initial_eval_minutes",
     "job_resources", "load_merged", "memory_line", "missing_message", "needs", "param_count", "peak_memory", "plan_text",
-    "rollouts_jobs", "rollouts_minutes", "shared_sampling_minutes", "step_cost", "worst_peak_memory",
+    "rollouts_jobs", "rollouts_minutes", "rollouts_topk", "scan_corrections", "shared_sampling_minutes", "step_cost", "worst_peak_memory",
 ]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..config import Config
 from ..grid import computed_as, get_sampler
+from ..registry import engine_topk, updates_per_batch
 
 
 @dataclass(frozen=True)
@@ -72,3 +73,19 @@ def rollouts_jobs(cfg: Config) -> list[tuple[str, str, int]]:
             jobs[(c.model, c.sampler, c.seed)] = True
     return list(jobs)
 
+
+def rollouts_topk(cfg: Config, model: str, sampler: str, seed: int) -> int:
+    """The top-k log-probs a rollouts job keeps per token: engine.topk if a trained cell that reads
+    its file has a correction that reads the engine's next-token distribution, else 0 (the file is
+    then ~k times smaller)."""
+    readers = [c.correction for c in grid_cells(cfg) if (c.model, c.sampler, c.seed) == (model, sampler, int(seed)) and c.same_as is None]
+    return max((engine_topk(c, cfg.engine) for c in readers), default=0)
+
+
+def scan_corrections(cfg: Config, model: str, sampler: str) -> list[str]:
+    """The grid's corrections a batch-size scan under `sampler` measures (dlcrepro/scan.py): those
+    that are their own computation under it (grid.computed_as: at fp8 dlc is is_center, is_resync
+    is is, and ppo with one SGD step per batch is pg), less those with several SGD steps per batch
+    (registry.updates_per_batch): the scan does not update θ."""
+    t = cfg.train_for(model)
+    return [c for c in cfg.grid.corrections if computed_as(sampler, c, t)[0] == c and updates_per_batch(c, t) == 1]

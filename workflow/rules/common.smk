@@ -16,9 +16,8 @@ sys.path.insert(0, str(Path(workflow.basedir).resolve()))
 from dlcrepro import cluster, outputs, procs, tracking
 from dlcrepro.config import build as build_config
 from dlcrepro.config import with_base
-from dlcrepro.grid import computed_as, get_sampler
+from dlcrepro.grid import get_sampler
 from dlcrepro.paths import BUILT_HERE, REHEARSAL_DATASET, REHEARSAL_MODEL, cache_repo_dir, hf_hub_cache
-from dlcrepro.registry import engine_topk, updates_per_batch
 
 # An overlay (`base: configs/tiny.yaml`, as configs/zoo.yaml) stands on its own: laid over its base
 # here, the key gone, so the jobs' configs are those of the merged file.
@@ -135,12 +134,9 @@ def initial_eval_arg(wildcards, input):
 
 
 def rollouts_topk(wildcards):
-    """engine.topk if a cell that reads these rollouts has a correction that reads the engine's
-    next-token distribution, else 0 (the file is then ~k times smaller)."""
+    """The top-k log-probs a rollouts job keeps (cluster.rollouts_topk)."""
     w = wildcards
-    readers = [c["correction"] for c in CELLS if (c["model"], c["sampler"], str(c["seed"])) == (w.model, w.sampler, str(w.seed))
-               and cluster.copy_source(CFG, c["model"], c["sampler"], c["correction"], c["seed"], CELL_KEYS) is None]
-    return max((engine_topk(c, CFG.engine) for c in readers), default=0)
+    return cluster.rollouts_topk(CFG, w.model, w.sampler, w.seed)
 
 
 def _alternatives(values):

@@ -36,16 +36,9 @@ rule scaling_scan:
         python=PYTHON,
         model_dir=model_dir_arg,
         out=output_parent,
-        # the grid's corrections that are their own computation under this sampler (grid.computed_as:
-        # at fp8 dlc is is_center, is_resync is is, and ppo with one SGD step per batch is pg); a
-        # correction with several SGD steps per batch (registry.updates_per_batch) is left out: the
-        # scan does not update θ
+        # the grid's corrections the scan measures (cluster.scan_corrections)
         corrections=lambda wildcards: " ".join(
-            c
-            for c in config["grid"]["corrections"]
-            if computed_as(wildcards.sampler, c, CFG.train_for(wildcards.model))[0]
-            == c
-            and updates_per_batch(c, CFG.train_for(wildcards.model)) == 1
+            cluster.scan_corrections(CFG, wildcards.model, wildcards.sampler)
         ),
         prompts=" ".join(map(str, SCALING_PROMPTS)),
         reps=SCALING_REPS,
