@@ -276,7 +276,7 @@ def report_caption(output):
     under RESULTS/_report/; rewritten only when its text changes. Absolute: report() takes a
     relative path from the rule file's directory."""
     path = Path(RESULTS, "_report", f"{output.name}.{output.kind}.rst").resolve()
-    text = output.caption + "\n"
+    text = f"{output.caption}\n"
     if not path.exists() or path.read_text() != text:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
