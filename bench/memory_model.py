@@ -1,6 +1,6 @@
 """The trainer's memory per micro-batch and its time per token: measured on a CPU at small sizes,
 fitted, and extrapolated to Qwen3-0.6B and -1.7B (docs/cluster.md, "Memory and time model";
-the fitted coefficients are cluster.py's LAYER_BYTES and LOGIT_BYTES).
+the fitted coefficients are dlcrepro/cluster/memory.py's LAYER_BYTES and LOGIT_BYTES).
 
     OMP_NUM_THREADS=1 python bench/memory_model.py validate  # the counter on cases known by hand, and against ru_maxrss
     OMP_NUM_THREADS=1 python bench/memory_model.py same      # real vs shape-only tensors: the same bytes

@@ -6,7 +6,8 @@ the data, names every line and every reference line; a cell that is a copy of an
 (`computed_as`, dlcrepro/grid.py) is drawn with hollow markers over the run it equals and named as
 such in the legend; and a correction keeps one colour, line style and marker in every figure
 (`correction_styles`: a family of corrections shares a hue, its members differ in line style and
-marker). Each figure function returns its `Figure`; `write_all` saves them.
+marker). Each figure function returns its `Figure`; `write_all` saves those outputs.FIGURES lists
+(docs/extending.md, "Adding a figure").
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from . import analysis as A  # noqa: E402
+from . import outputs  # noqa: E402
 from .grid import SAMPLERS  # noqa: E402
 from .registry import CORRECTION_INFO  # noqa: E402
 from .util import atomic_save  # noqa: E402
@@ -463,11 +465,24 @@ def learning(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     return fig
 
 
-FIGURES = {f.__name__: f for f in (mismatch, ess, noise_floor, accuracy, off_support_kl, off_support_drop, learning)}
+def drawn(name: str):
+    """The function of this module that draws the figure `name` of outputs.FIGURES."""
+    f = globals().get(name)
+    if not callable(f):
+        raise LookupError(f"dlcrepro/outputs.py lists the figure {name!r}, but dlcrepro/figures.py has no function {name}(steps, runs)")
+    return f
+
+
+def __getattr__(attr: str):
+    """FIGURES: name -> drawing function of each figure outputs.FIGURES lists (the one list), in its
+    order; looked up when asked, so a figure's function may stand anywhere in this module."""
+    if attr == "FIGURES":
+        return {o.name: drawn(o.name) for o in outputs.FIGURES}
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
 
 def write_all(steps: pd.DataFrame, out: Path, runs: pd.DataFrame | None = None) -> None:
     out = Path(out)
     sns.set_theme(style="whitegrid", context="paper")
-    for name, f in FIGURES.items():
-        _save(f(steps, runs), out, name)
+    for o in outputs.FIGURES:
+        _save(drawn(o.name)(steps, runs), out, o.name)

@@ -134,8 +134,8 @@ def test_shared_rollouts_in_the_plan():
     cfg = cluster.load_merged([str(PAPER)])
     assert len(cluster.rollouts_jobs(cfg)) == 12
     assert cluster.rollouts_minutes(cfg, "qwen3-0.6b", "stale") == pytest.approx(40 * 512 * 300 / 20000 / 60 + 1.5)
-    assert cluster.rollouts_job_resources(cfg, "qwen3-0.6b", "stale")["runtime"] == 20
-    assert cluster.rollouts_job_resources(cfg, "qwen3-1.7b", "fp8_stale")["runtime"] == 30
+    assert cluster.job_resources(cfg, "qwen3-0.6b", "rollouts", "stale")["runtime"] == 20
+    assert cluster.job_resources(cfg, "qwen3-1.7b", "rollouts", "fp8_stale")["runtime"] == 30
     assert cluster.rollouts_jobs(load(SMOKE)) == [("tiny", "stale", 0), ("tiny", "fp8_stale", 0)]
 
 
@@ -149,8 +149,8 @@ def test_initial_evaluations_in_the_plan():
     cfg = cluster.load_merged([str(PAPER)])
     assert cluster.initial_eval_jobs(cfg) == [(m, s) for m in ("qwen3-0.6b", "qwen3-1.7b") for s in (0, 1, 2)]
     assert cluster.initial_eval_minutes(cfg, "qwen3-0.6b") == pytest.approx(9216 * 300 / 20000 / 60 + 1.5)
-    assert cluster.initial_eval_job_resources(cfg, "qwen3-0.6b")["runtime"] == 10
-    assert cluster.initial_eval_job_resources(cfg, "qwen3-1.7b")["runtime"] == 20
+    assert cluster.job_resources(cfg, "qwen3-0.6b", "initial_eval")["runtime"] == 10
+    assert cluster.job_resources(cfg, "qwen3-1.7b", "initial_eval")["runtime"] == 20
     assert cluster.initial_eval_jobs(load(SMOKE)) == [("tiny", 0)]
 
 
@@ -158,6 +158,26 @@ def test_initial_evaluations_in_the_plan():
 def test_a_paper_jobs_runtime_request_is_twice_the_cost_models_estimate_rounded_up_to_10_minutes(model):
     cfg = cluster.load_merged([str(PAPER)])
     assert cluster.job_resources(cfg, model)["runtime"] == 10 * math.ceil(2 * cluster.estimated_minutes(cfg, model) / 10)
+
+
+def test_one_job_resources_function_by_job_kind():
+    """Every job's Slurm request comes from cluster.job_resources: a training job's from the config,
+    a copy's COPY_RESOURCES, a rollouts or θ_0 job's a training job's with the cost model's runtime,
+    a scan's the config's with its own defaults on two cores; an unknown kind is an error."""
+    cfg = cluster.load_merged([str(PAPER)])
+    train = cluster.job_resources(cfg, "qwen3-0.6b")
+    assert train == {"gpu": 1, "runtime": 110, "mem_mb": 64000, "cpus_per_task": 8}
+    assert cluster.job_resources(cfg, "qwen3-0.6b", "copy") == cluster.COPY_RESOURCES
+    assert cluster.job_resources(cfg, "qwen3-0.6b", "rollouts", "stale") == {**train, "runtime": 20}
+    assert cluster.job_resources(cfg, "qwen3-0.6b", "initial_eval") == {**train, "runtime": 10}
+    assert cluster.job_resources(cfg, "qwen3-0.6b", "scan") == {**train, "cpus_per_task": 2}
+    tiny = load(SMOKE)  # no resources in the config: the defaults, and a CPU model's cost is not modelled
+    assert cluster.job_resources(tiny, "tiny") == cluster.TRAIN_DEFAULTS
+    assert cluster.job_resources(tiny, "tiny", "rollouts", "stale") == cluster.TRAIN_DEFAULTS
+    assert cluster.job_resources(tiny, "tiny", "scan") == {"gpu": 0, "runtime": 60, "mem_mb": 4000, "cpus_per_task": 2}
+    assert [cluster.gres(cluster.job_resources(c, m)) for c, m in ((cfg, "qwen3-0.6b"), (tiny, "tiny"))] == ["gpu:1", ""]
+    with pytest.raises(ValueError, match="unknown job kind 'warm'"):
+        cluster.job_resources(cfg, "qwen3-0.6b", "warm")
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,8 @@
 """Extending the harness as docs/extending.md says: a correction is one function and one registry entry,
-nothing else. A copy of this checkout gets a throw-away correction added exactly that way, and the
-workflow trains it and puts it in the tables and figures beside `pg`."""
+nothing else; a figure is one function and one entry in the list of outputs. A copy of this checkout
+gets a throw-away correction added exactly that way, and the workflow trains it and puts it in the
+tables and figures beside `pg`; another copy gets a throw-away figure, and the workflow draws it and
+the report shows it with its caption."""
 
 import json
 import os
@@ -24,6 +26,22 @@ def halved_pg(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
 '''
 THROWAWAY_ENTRY = '''
 CORRECTION_INFO["halved_pg"] = CorrectionInfo("halved_pg", "½·A·∇ℓ(y)")
+'''
+
+
+THROWAWAY_FIGURE = '''
+
+def steps_logged(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
+    """The steps each cell logged: a throw-away figure (tests/test_extending.py)."""
+    counts = steps.groupby(A.CELL).size()
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.bar(range(len(counts)), counts.to_numpy())
+    ax.set_xlabel("cell")
+    ax.set_ylabel("steps logged")
+    return fig
+'''
+THROWAWAY_FIGURE_ENTRY = '''
+FIGURES += (figure("steps_logged", "The steps each cell logged: a throw-away figure."),)
 '''
 
 
@@ -76,3 +94,32 @@ def test_a_correction_added_as_one_function_and_one_registry_entry_reaches_the_t
     summary = json.loads((out / "results" / "tiny" / "stale" / "halved_pg" / "seed0" / "summary.json").read_text())
     assert summary["correction"] == "halved_pg"
     assert (out / "figures" / "noise_floor.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_a_figure_added_as_one_function_and_one_entry_in_the_outputs_is_drawn_and_reported(tmp_path, smoke_warm_start):
+    repo = tmp_path / "checkout"
+    copy_checkout(repo)
+    with open(repo / "dlcrepro" / "figures.py", "a") as f:
+        f.write(THROWAWAY_FIGURE)
+    with open(repo / "dlcrepro" / "outputs.py", "a") as f:
+        f.write(THROWAWAY_FIGURE_ENTRY)
+
+    out = tmp_path / "out"
+    smoke_warm_start.up_to_date_in(out / "results")
+    config = [f"results_dir={out / 'results'}", f"tables_dir={out / 'tables'}", f"figures_dir={out / 'figures'}",
+              f"artifacts={smoke_warm_start.artifacts}", f"python={sys.executable}", "fork_server=False"]
+    (repo / "configs" / "one.yaml").write_text("grid:\n  models: [tiny]\n  samplers: [bf16]\n  corrections: [pg]\n  seeds: [0]\n")
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    args = ["--nolock", "--configfile", "configs/smoke.yaml", "configs/one.yaml", *smoke_warm_start.SNAKEMAKE_ARGS, "--config", *config]
+    p = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", *args], cwd=repo, env=env, capture_output=True, text=True,
+                       timeout=1200)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    assert (out / "figures" / "steps_logged.png").stat().st_size > 0 and (out / "figures" / "steps_logged.pdf").stat().st_size > 0
+
+    p = subprocess.run([sys.executable, "-m", "snakemake", "--report", str(out / "report.html"), *args], cwd=repo, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    report = (out / "report.html").read_text()
+    assert "steps_logged.png" in report and "The steps each cell logged: a throw-away figure." in report
+    assert "ess.png" in report  # beside the study's own

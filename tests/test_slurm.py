@@ -146,7 +146,7 @@ def test_smoke_grid_through_slurm_then_a_deleted_cell_reruns_with_its_copy_only(
 def test_gpu_marked_job_receives_its_gpu_and_refuses_to_train_on_a_cpu_torch(slurm_cluster, snakemake_slurm, warm_outdirs, tmp_path):
     """`gpu: 1` reaches the cell's first job, its seed's θ_0 evaluation, as --gres=gpu:1
     (CUDA_VISIBLE_DEVICES: one of the local cluster's fake GPUs), and the job, whose torch is the
-    CPU build, stops before anything loads, naming its environment (dlcrepro/cluster.py,
+    CPU build, stops before anything loads, naming its environment (dlcrepro/cluster/device.py,
     check_device); the cell is never trained."""
     out, config, shared = warm_outdirs
     cell = out["results_dir"] / "tiny" / "bf16" / "pg" / "seed0"

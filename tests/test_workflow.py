@@ -6,12 +6,14 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
 from conftest import ROOT, fake_hf_cache
+from dlcrepro import outputs
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--nolock"]  # tests write to their own dirs
 
@@ -91,11 +93,11 @@ def test_smoke_pipeline_end_to_end_then_one_cell_reruns_alone(tmp_path):
     cfg = [f"{k}={v}" for k, v in out.items()]
     p = snakemake("--cores", "2", "--configfile", "configs/smoke.yaml", "--config", *cfg)
     assert p.returncode == 0, p.stderr[-4000:]
-    for t in ("noise_floor", "accuracy", "ess_crossing", "resync", "off_support", "spearman", "probe_density", "findings"):
-        for ext in ("tex", "md", "csv"):
-            assert (out["tables_dir"] / f"{t}.{ext}").exists()
-    for f in ("mismatch", "ess", "noise_floor", "accuracy", "off_support_kl", "off_support_drop", "learning"):
-        assert (out["figures_dir"] / f"{f}.png").stat().st_size > 10_000
+    for t in outputs.TABLES:
+        for f in t.files(out["tables_dir"]):
+            assert Path(f).exists()
+    for f in outputs.FIGURES:
+        assert (out["figures_dir"] / f"{f.name}.png").stat().st_size > 10_000
     assert len(list(out["results_dir"].glob("tiny/*/*/seed0/metrics.parquet"))) == 28
     # every training job's max RSS and CPU time, what sizes mem_mb and runtime
     bench = pd.read_csv(out["results_dir"] / "_benchmarks" / "train" / "tiny" / "stale" / "dlc" / "seed0.tsv", sep="\t")

@@ -1,4 +1,5 @@
-# Cheap local rules: per-step tables of all cells -> aggregates -> tables and figures.
+# Cheap local rules: per-step tables of all cells -> aggregates -> tables and figures (each one
+# dlcrepro/outputs.py lists, with its report caption).
 # Rerun one alone with e.g. `snakemake --forcerun figures figures/ess.png`.
 
 
@@ -31,14 +32,7 @@ rule tables:
         steps=f"{AGG}/steps.parquet",
         runs=f"{AGG}/runs.parquet",
     output:
-        [
-            (
-                report(f, category="Tables", caption="../report/tables.rst")
-                if f.endswith(".csv")
-                else f
-            )
-            for f in table_files()
-        ],
+        reported_files(outputs.TABLES, TABLES),
     log:
         f"{LOGS}/tables.log",
     conda:
@@ -57,14 +51,7 @@ rule figures:
         steps=f"{AGG}/steps.parquet",
         runs=f"{AGG}/runs.parquet",
     output:
-        [
-            (
-                report(f, category="Figures", caption=f"../report/{Path(f).stem}.rst")
-                if f.endswith(".png")
-                else f
-            )
-            for f in figure_files()
-        ],
+        reported_files(outputs.FIGURES, FIGURES),
     log:
         f"{LOGS}/figures.log",
     conda:

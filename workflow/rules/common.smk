@@ -13,12 +13,11 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 # The package's torch-free modules, from this checkout (the Snakemake env need not have it installed).
 sys.path.insert(0, str(Path(workflow.basedir).resolve()))
-from dlcrepro import cluster, procs, tracking
+from dlcrepro import cluster, outputs, procs, tracking
 from dlcrepro.config import build as build_config
 from dlcrepro.config import with_base
-from dlcrepro.grid import computed_as, get_sampler
+from dlcrepro.grid import get_sampler
 from dlcrepro.paths import BUILT_HERE, REHEARSAL_DATASET, REHEARSAL_MODEL, cache_repo_dir, hf_hub_cache
-from dlcrepro.registry import engine_topk, updates_per_batch
 
 # An overlay (`base: configs/tiny.yaml`, as configs/zoo.yaml) stands on its own: laid over its base
 # here, the key gone, so the jobs' configs are those of the merged file.
@@ -69,7 +68,7 @@ ANALYSIS_ENV = "../../envs/analysis.yaml"
 
 
 def grid_cells():
-    """The grid as a list of dicts, exclusions removed (the grid is data, not code: dlcrepro/cluster.py)."""
+    """The grid as a list of dicts, exclusions removed (the grid is data, not code: dlcrepro/cluster/cells.py)."""
     return [
         dict(model=c.model, sampler=c.sampler, correction=c.correction, seed=c.seed)
         for c in cluster.grid_cells(CFG)
@@ -135,12 +134,9 @@ def initial_eval_arg(wildcards, input):
 
 
 def rollouts_topk(wildcards):
-    """engine.topk if a cell that reads these rollouts has a correction that reads the engine's
-    next-token distribution, else 0 (the file is then ~k times smaller)."""
+    """The top-k log-probs a rollouts job keeps (cluster.rollouts_topk)."""
     w = wildcards
-    readers = [c["correction"] for c in CELLS if (c["model"], c["sampler"], str(c["seed"])) == (w.model, w.sampler, str(w.seed))
-               and cluster.copy_source(CFG, c["model"], c["sampler"], c["correction"], c["seed"], CELL_KEYS) is None]
-    return max((engine_topk(c, CFG.engine) for c in readers), default=0)
+    return cluster.rollouts_topk(CFG, w.model, w.sampler, w.seed)
 
 
 def _alternatives(values):
@@ -243,77 +239,60 @@ def model_dir_arg(wildcards):
     return m["path"]
 
 
-def train_resources(name):
-    """Resources of training jobs: per-model values from config, else the config's `resources`,
-    else cluster.TRAIN_DEFAULTS; a copying cell asks for cluster.COPY_RESOURCES."""
+def job_resource(job, name):
+    """One Slurm resource (gpu, runtime, mem_mb, cpus_per_task, or gres: the GPUs as a GRES string)
+    of a job of kind `job` (train, rollouts, initial_eval, scan), as a function of its wildcards:
+    cluster.job_resources; a training cell that copies another's run is a `copy` job."""
 
     def get(wildcards):
-        copy = same_cell(wildcards) is not None
-        return cluster.job_resources(CFG, wildcards.model, copy)[name]
+        kind = "copy" if job == "train" and same_cell(wildcards) is not None else job
+        r = cluster.job_resources(CFG, wildcards.model, kind, getattr(wildcards, "sampler", None))
+        return cluster.gres(r) if name == "gres" else r[name]
 
     return get
 
 
-def rollouts_resources(name):
-    """Resources of a rollouts job: a trained cell's of its model (it runs that cell's engine), its
-    runtime from the cost model where the model is in it (cluster.rollouts_job_resources)."""
-    return lambda wildcards: cluster.rollouts_job_resources(CFG, wildcards.model, wildcards.sampler)[name]
+# ----------------------------------------------------------------------------- the outputs
+# Every table and figure, their files and their report captions: dlcrepro/outputs.py, the one list.
 
 
-def initial_eval_resources(name):
-    """Resources of a θ_0 evaluation job: a rollouts job's (one engine), its runtime from the cost
-    model where the model is in it (cluster.initial_eval_job_resources)."""
-    return lambda wildcards: cluster.initial_eval_job_resources(CFG, wildcards.model)[name]
-
-
-def initial_eval_gres(wildcards):
-    n = initial_eval_resources("gpu")(wildcards)
-    return f"gpu:{n}" if n > 0 else ""
-
-
-def rollouts_gres(wildcards):
-    n = rollouts_resources("gpu")(wildcards)
-    return f"gpu:{n}" if n > 0 else ""
-
-
-def train_gres(wildcards):
-    """GPUs of a training job as a Slurm GRES string ("gpu:1"; "" for none). A GRES string, not a
-    `gpu` count: the Slurm jobstep plugin 0.6.1 rejects a count computed by a function ("gpu must
-    be an integer, but is 1")."""
-    n = train_resources("gpu")(wildcards)
-    return f"gpu:{n}" if n > 0 else ""
-
-
-TABLE_NAMES = [
-    "noise_floor",
-    "accuracy",
-    "ess_crossing",
-    "resync",
-    "off_support",
-    "spearman",
-    "probe_density",
-    "findings",
-    "zoo",
-]
-FIGURE_NAMES = [
-    "mismatch",
-    "ess",
-    "noise_floor",
-    "accuracy",
-    "off_support_kl",
-    "off_support_drop",
-    "learning",
-]
+def output_files(items, directory):
+    """The files of `items` (outputs.TABLES or outputs.FIGURES) in `directory`."""
+    return [f for o in items for f in o.files(directory)]
 
 
 def table_files():
     """Every file the tables job writes: each table as .tex, .md and .csv."""
-    return [f"{TABLES}/{t}.{ext}" for t in TABLE_NAMES for ext in ("tex", "md", "csv")]
+    return output_files(outputs.TABLES, TABLES)
 
 
 def figure_files():
     """Every file the figures job writes: each figure as .pdf and .png."""
-    return [f"{FIGURES}/{f}.{ext}" for f in FIGURE_NAMES for ext in ("pdf", "png")]
+    return output_files(outputs.FIGURES, FIGURES)
+
+
+def report_caption(output):
+    """The report's caption of an output (outputs.py), as the .rst file Snakemake's report() reads,
+    under RESULTS/_report/; rewritten only when its text changes. Absolute: report() takes a
+    relative path from the rule file's directory."""
+    path = Path(RESULTS, "_report", f"{output.name}.{output.kind}.rst").resolve()
+    text = f"{output.caption}\n"
+    if not path.exists() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return str(path)
+
+
+def reported_files(items, directory):
+    """output_files, the one file of each output that the report shows marked with its category and
+    caption (`snakemake --report report.html`)."""
+    return [
+        (report(f, category=o.category, caption=report_caption(o)) if o.reported(f) else f)
+        for o in items
+        for f in o.files(directory)
+    ]
 
 
 def all_outputs():
@@ -325,7 +304,7 @@ def all_outputs():
 
 # ----------------------------------------------------------------------------- the plan
 # Before anything is submitted: the cells trained and copied, GPU-hours requested and estimated,
-# the largest job, and the weights and data the jobs read (dlcrepro/cluster.py, the same lines as
+# the largest job, and the weights and data the jobs read (dlcrepro/cluster/plan.py, the same lines as
 # `python -m dlcrepro plan`). Shown while the Snakefile is parsed, because onstart does not run on
 # dry runs, by the main snakemake only (a Slurm job's snakemake parses this file too); a run that
 # asks for no GPU shows it at onstart when it submits to a cluster.

@@ -11,15 +11,6 @@ SCALING_REPS = 8
 SCALING = f"{RESULTS}/scaling"
 
 
-# Slurm resources of a scan job: the model's (a scan is a few training steps' work per rung), else
-# the config's default. Lambdas: a rule file with `def`s fails `snakemake --lint` (common.smk holds those).
-SCALING_RESOURCE = lambda name, default: lambda wildcards: int(
-    config["models"][wildcards.model]
-    .get("resources", {})
-    .get(name, config.get("resources", {}).get(name, default))
-)
-
-
 localrules:
     scaling,
 
@@ -34,28 +25,20 @@ rule scaling_scan:
         f"{LOGS}/scaling/{{model}}/{{sampler}}.log",
     conda:
         TRAIN_ENV
-    threads: 2
+    # a scan is a few training steps' work per rung (cluster.job_resources, job kind `scan`)
+    threads: job_resource("scan", "cpus_per_task")
     resources:
-        gres=lambda wildcards: (
-            f"gpu:{n}" if (n := SCALING_RESOURCE("gpu", 0)(wildcards)) > 0 else ""
-        ),
-        runtime=SCALING_RESOURCE("runtime", 60),
-        mem_mb=SCALING_RESOURCE("mem_mb", 4000),
-        cpus_per_task=2,
+        gres=job_resource("scan", "gres"),
+        runtime=job_resource("scan", "runtime"),
+        mem_mb=job_resource("scan", "mem_mb"),
+        cpus_per_task=job_resource("scan", "cpus_per_task"),
     params:
         python=PYTHON,
         model_dir=model_dir_arg,
         out=output_parent,
-        # the grid's corrections that are their own computation under this sampler (grid.computed_as:
-        # at fp8 dlc is is_center, is_resync is is, and ppo with one SGD step per batch is pg); a
-        # correction with several SGD steps per batch (registry.updates_per_batch) is left out: the
-        # scan does not update θ
+        # the grid's corrections the scan measures (cluster.scan_corrections)
         corrections=lambda wildcards: " ".join(
-            c
-            for c in config["grid"]["corrections"]
-            if computed_as(wildcards.sampler, c, CFG.train_for(wildcards.model))[0]
-            == c
-            and updates_per_batch(c, CFG.train_for(wildcards.model)) == 1
+            cluster.scan_corrections(CFG, wildcards.model, wildcards.sampler)
         ),
         prompts=" ".join(map(str, SCALING_PROMPTS)),
         reps=SCALING_REPS,

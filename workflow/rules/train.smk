@@ -47,12 +47,12 @@ rule train:
     conda:
         TRAIN_ENV
     # the cores the job uses, as the local scheduler counts them and as Slurm allocates them
-    threads: train_resources("cpus_per_task")
+    threads: job_resource("train", "cpus_per_task")
     resources:
-        gres=train_gres,
-        runtime=train_resources("runtime"),
-        mem_mb=train_resources("mem_mb"),
-        cpus_per_task=train_resources("cpus_per_task"),
+        gres=job_resource("train", "gres"),
+        runtime=job_resource("train", "runtime"),
+        mem_mb=job_resource("train", "mem_mb"),
+        cpus_per_task=job_resource("train", "cpus_per_task"),
     params:
         python=PYTHON,
         model_dir=model_dir_arg,
@@ -81,12 +81,12 @@ rule initial_eval:
         f"{BENCHMARKS}/initial_eval/{{model}}/seed{{seed}}.tsv"
     conda:
         TRAIN_ENV
-    threads: initial_eval_resources("cpus_per_task")
+    threads: job_resource("initial_eval", "cpus_per_task")
     resources:
-        gres=initial_eval_gres,
-        runtime=initial_eval_resources("runtime"),
-        mem_mb=initial_eval_resources("mem_mb"),
-        cpus_per_task=initial_eval_resources("cpus_per_task"),
+        gres=job_resource("initial_eval", "gres"),
+        runtime=job_resource("initial_eval", "runtime"),
+        mem_mb=job_resource("initial_eval", "mem_mb"),
+        cpus_per_task=job_resource("initial_eval", "cpus_per_task"),
     params:
         python=PYTHON,
         model_dir=model_dir_arg,
@@ -113,12 +113,12 @@ rule rollouts:
         f"{BENCHMARKS}/rollouts/{{model}}/{{sampler}}/seed{{seed}}.tsv"
     conda:
         TRAIN_ENV
-    threads: rollouts_resources("cpus_per_task")
+    threads: job_resource("rollouts", "cpus_per_task")
     resources:
-        gres=rollouts_gres,
-        runtime=rollouts_resources("runtime"),
-        mem_mb=rollouts_resources("mem_mb"),
-        cpus_per_task=rollouts_resources("cpus_per_task"),
+        gres=job_resource("rollouts", "gres"),
+        runtime=job_resource("rollouts", "runtime"),
+        mem_mb=job_resource("rollouts", "mem_mb"),
+        cpus_per_task=job_resource("rollouts", "cpus_per_task"),
     params:
         python=PYTHON,
         model_dir=model_dir_arg,

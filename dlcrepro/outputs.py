@@ -1,0 +1,131 @@
+"""The study's outputs: every table and figure the workflow's default target writes, each with its
+caption in the Snakemake report (`snakemake --report report.html`). One list, read by the workflow
+(its rules' output files and report entries: workflow/rules/common.smk), by `figures.write_all` (what
+it draws) and by the tests (what a run must write: tests/test_outputs.py ties them together).
+
+Torch-free and plotting-free, like grid.py and registry.py: the Snakefile imports it. Adding a
+figure is a function in figures.py and an entry in FIGURES here (docs/extending.md, "Adding a
+figure"); a table, a function in tables.py's `write_all` and its caption there, and an entry in
+TABLES.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# A kind of output: the formats each is written in, the one the report shows, the report's category.
+FORMATS = {"table": ("tex", "md", "csv"), "figure": ("pdf", "png")}
+REPORTED = {"table": "csv", "figure": "png"}
+CATEGORY = {"table": "Tables", "figure": "Figures"}
+
+
+@dataclass(frozen=True)
+class Output:
+    """A table or figure of the study: `name` is its files' stem (for a figure, also the function of
+    figures.py that draws it, `fn(steps, runs) -> Figure`), `caption` what the report says of it
+    (reStructuredText)."""
+
+    name: str
+    kind: str  # "table" or "figure"
+    caption: str
+
+    def files(self, directory) -> list[str]:
+        """Its files in `directory`, one per format (FORMATS)."""
+        return [f"{directory}/{self.name}.{ext}" for ext in FORMATS[self.kind]]
+
+    def reported(self, path: str) -> bool:
+        """Whether `path`, one of its files, is the one the report shows."""
+        return path.endswith(f".{REPORTED[self.kind]}")
+
+    @property
+    def category(self) -> str:
+        return CATEGORY[self.kind]
+
+
+# Said of every figure that draws a line per cell (a figure's caption ends with it).
+PER_CELL = (
+    "A line is the mean over a cell's seeds and its band their range (the title gives the seed count); a correction has"
+    " the same colour, line style and marker in every figure (a family shares a colour); hollow markers without a line "
+    "are a cell copied from the run it equals (dlcrepro/grid.py), drawn over it and named so in the legend."
+)
+
+TABLE_CAPTION = (
+    'A table of the paper reproduction (see SPEC.md "Outputs"); the paper\'s number stands beside ours where PAPER.md '
+    "reports one. The .tex and .md versions are in paper_tables/."
+)
+
+
+def table(name: str, caption: str = "") -> Output:
+    """A table (tables.write_all writes it); the report's caption TABLE_CAPTION unless given."""
+    return Output(name, "table", caption or TABLE_CAPTION)
+
+
+def figure(name: str, caption: str) -> Output:
+    """A figure, drawn by the function `name` of figures.py."""
+    return Output(name, "figure", caption)
+
+
+# In the order tables.write_all writes them.
+TABLES = (
+    table("noise_floor"),
+    table("accuracy"),
+    table("ess_crossing"),
+    table("resync"),
+    table("off_support"),
+    table("spearman"),
+    table("probe_density"),
+    table("findings"),
+    table("zoo"),
+)
+
+# In the order figures.write_all draws them.
+FIGURES = (
+    figure(
+        "mismatch",
+        "Mean absolute numerical discrepancy δ (left) and policy lag λ (right) per step and sampler, averaged over "
+        "the sampler's distinct runs (a copied cell once), with their range as a band: δ is the engine's rounding "
+        "and stays roughly flat; λ grows while a stale sampler is not synced.",
+    ),
+    figure(
+        "ess",
+        "Lag ESS of each fresh batch under the lagged samplers (thick, with markers) with its Gaussian prediction "
+        "exp(−Var λ) (thin, same colour) and the ESS 1/2 line at which IS fails (F1, F2). "
+        + PER_CELL,
+    ),
+    figure(
+        "noise_floor",
+        "Deviation from on-policy training per step, dev/floor (3-step moving average, log scale), per correction "
+        'and sampler; the grey lines are the noise floor (1×) and the "left the floor" threshold (2×), named in the'
+        " legend. "
+        + PER_CELL,
+    ),
+    figure(
+        "accuracy",
+        "Test accuracy at the eval steps, per correction and sampler, in the measure the config chooses "
+        "(train.eval_on, train.eval_mode, train.eval_samples), which the y-axis and the title name as recorded in "
+        "the runs table (e.g. sampled accuracy on the RL pool, 8 answers per problem at temperature 1). "
+        + PER_CELL,
+    ),
+    figure(
+        "off_support_kl",
+        "The invisible collapse: the trainer-side off-support share (left panels) rises where accuracy collapses, "
+        "while the sampler-side KL on the sampler's own prefixes (right panels) stays in the range of healthy runs "
+        "(F11, F12); the legend marks the corrections that resync. "
+        + PER_CELL,
+    ),
+    figure(
+        "off_support_drop",
+        "Off-support share against the accuracy drop relative to bf16/pg (same model, seed and step), a panel per "
+        "sampler, one point per (run, eval step), copied cells once, with Spearman ρ over all points in the title "
+        "(F13).",
+    ),
+    figure(
+        "learning",
+        "Why the on-policy reference learns: bf16/pg's accuracies, a line per seed, from the warm start on (sampled"
+        " and greedy on the eval problems, greedy on the held-out test set), the training reward of pg under each "
+        "sampler, pass@1, pass@k and the share of mixed-reward groups of bf16/pg's batches, and the on-policy "
+        "gradient's signal-to-noise ratio at probe steps against the SNR 1 line (mean over seeds, band: their "
+        "range).",
+    ),
+)
+
