@@ -121,7 +121,7 @@ class Trainer(Learner):
         self.ckpt_on_disk: dict | None = None  # the sidecar entry of the checkpoint file on disk (checkpoint.save)
         self.topk = engine_topk(correction, cfg.engine)
         self.shared_rollouts = dict(shared_rollouts or {})
-        self.initial = None if initial is None else dict(initial)
+        self.initial_accuracies = None if initial is None else dict(initial)
         if self.correction.needs_q and self.topk < 1:
             raise ConfigError(f"engine.topk={self.topk}: correction {correction!r} reads the engine's next-token distribution; it must be >= 1")
 
@@ -321,8 +321,8 @@ class Trainer(Learner):
         (initial_eval.py) where the Trainer was given them; the probe engine gets θ_0, checked, either way."""
         t = self.tcfg
         self.sync_probe(version)
-        if version == 0 and self.initial is not None:
-            return dict(self.initial)
+        if version == 0 and self.initial_accuracies is not None:
+            return dict(self.initial_accuracies)
         greedy = self._correct(self.eval_problems, self.probe_engine.greedy(self.eval_prompts))
         sampled = self.probe_engine.generate(self.eval_prompts, t.eval_samples, derive_seed(self.seed, version, "eval"), logprobs=False)
         out = {
