@@ -51,7 +51,8 @@ def main() -> None:
     from dlcrepro.paths import model_dir
     from dlcrepro.engine import VLLMEngine
     from dlcrepro.model import load_model, load_tokenizer
-    from dlcrepro.train import PHASES, run_cell
+    from dlcrepro.celldir import run_cell
+    from dlcrepro.train import PHASES
 
     cfg = config_mod.load(args.config, {"train.steps": args.steps})
     mdir = model_dir(cfg, args.model)

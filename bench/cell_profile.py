@@ -119,7 +119,8 @@ def main() -> None:
 
     from dlcrepro import config as config_mod
     from dlcrepro.paths import model_dir
-    from dlcrepro.train import PHASES, run_cell
+    from dlcrepro.celldir import run_cell
+    from dlcrepro.train import PHASES
 
     torch.set_num_threads(args.threads)
     cfg = config_mod.load(args.config, {"train.steps": args.steps})

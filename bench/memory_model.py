@@ -114,12 +114,12 @@ def build(arch: dict, layers: int, vocab: int | None = None, fake=None):
 def learner(model, correction: str, dtype: str, rows: int):
     """The run's Learner around `model` (θ_s and θ_0 its copies), its micro-batch `rows` sequences and
     no token bound: one micro-batch per call."""
-    from dlcrepro import train
+    from dlcrepro import learner as lrn
     from dlcrepro.config import TrainConfig
 
     tcfg = TrainConfig(micro_batch=rows, micro_batch_tokens=0, lr=0.02)
     if not isinstance(next(model.parameters()), FakeTensor):
-        return train.Learner(model, tcfg, correction, dtype, torch.device("cpu"))
+        return lrn.Learner(model, tcfg, correction, dtype, torch.device("cpu"))
     # Shape-only modules cannot move their parameters (`.to`), and deepcopy reads a FakeTensor's
     # data pointer (undefined, and it corrupts the heap here): θ_s and θ_0 are built anew instead.
     fake, cls = next(model.parameters()).fake_mode, type(model)
@@ -133,11 +133,11 @@ def learner(model, correction: str, dtype: str, rows: int):
         return out
 
     model.to = lambda *a, **k: model
-    real, train.copy.deepcopy = train.copy.deepcopy, twin
+    real, lrn.copy.deepcopy = lrn.copy.deepcopy, twin
     try:
-        return train.Learner(model, tcfg, correction, dtype, torch.device("cpu"))
+        return lrn.Learner(model, tcfg, correction, dtype, torch.device("cpu"))
     finally:
-        train.copy.deepcopy = real
+        lrn.copy.deepcopy = real
 
 
 def batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0):
@@ -152,7 +152,7 @@ def micro_batch(ln, path: str, s, r) -> None:
     gradient), else the learner's correction's gradient (`Learner.correction_grad`: logits at θ_t
     recomputed, θ_s's distribution from its own forward, the engine's q where the correction reads
     it), as a step of more than one micro-batch runs them."""
-    from dlcrepro.train import BatchLogProbs
+    from dlcrepro.learner import BatchLogProbs
 
     if path == "probe":
         ln.pg_grad(s)
@@ -166,14 +166,14 @@ def micro_batch(ln, path: str, s, r) -> None:
 def no_diagnostics():
     """Shape-only tensors hold no values: skip the correction's diagnostics (floats of the weights),
     computed after the gradient and allocating nothing of note."""
-    from dlcrepro import train
+    from dlcrepro import learner as lrn
 
-    real = train.weight_diagnostics
-    train.weight_diagnostics = lambda *a, **k: {}
+    real = lrn.weight_diagnostics
+    lrn.weight_diagnostics = lambda *a, **k: {}
     try:
         yield
     finally:
-        train.weight_diagnostics = real
+        lrn.weight_diagnostics = real
 
 
 def measure(arch: str, layers: int, dtype: str, path: str, rows: int, prompt: int, response: int,
@@ -349,19 +349,19 @@ def widths(args) -> None:
 @contextlib.contextmanager
 def valueless_step():
     """What a shape-only step cannot compute, made to return a number after doing its tensor work:
-    the KL's float (log_probs), the off-support share (probe), the squared distances (learner_step)
-    and the correction's diagnostics."""
-    from dlcrepro import diagnostics, train
+    the KL's float (log_probs), the squared distances (learner_step) and the correction's
+    diagnostics."""
+    from dlcrepro import diagnostics
+    from dlcrepro import learner as lrn
 
-    kl, share, dist = train.kl_rows, train.off_support_share, diagnostics.squared_distance
-    train.kl_rows = lambda p, q: (kl(p, q), torch.zeros(()))[1]
-    train.off_support_share = lambda logp, t: ((logp < 0).sum(), 0.0)[1]
+    kl, dist = lrn.kl_rows, diagnostics.squared_distance
+    lrn.kl_rows = lambda p, q: (kl(p, q), torch.zeros(()))[1]
     diagnostics.squared_distance = lambda a, b=None: 1.0
     try:
         with no_diagnostics():
             yield
     finally:
-        train.kl_rows, train.off_support_share, diagnostics.squared_distance = kl, share, dist
+        lrn.kl_rows, diagnostics.squared_distance = kl, dist
 
 
 def fake_inputs(mode, s, r) -> None:
@@ -377,7 +377,7 @@ def largest_micro_batches(ln, s, r, keep: int = 3):
     held (from the third on), so these three give the whole step's peak in a tenth of its time."""
     from dlcrepro.engine import Rollout
     from dlcrepro.model import make_token_batch
-    from dlcrepro.train import Scored
+    from dlcrepro.learner import Scored
 
     bounds = [(sl.stop - sl.start, i) for i, (_, sl) in enumerate(ln.micro_batches(s.tb))]
     starts = [0]
@@ -443,7 +443,7 @@ def step(_args) -> None:
     the flat gradients alive while the correction's micro-batches run (g_on, g_on′ and the running
     sum: 12P) + one micro-batch's measured peak. The θ copies exist before the count."""
     from dlcrepro.config import TrainConfig
-    from dlcrepro.train import Learner
+    from dlcrepro.learner import Learner
 
     arch = ARCHS["rehearsal"]
     for dtype in ("float32", "bfloat16"):

@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 from dlcrepro import tracking  # noqa: E402
 from dlcrepro.config import load  # noqa: E402
-from dlcrepro.train import PHASES, run_cell  # noqa: E402
+from dlcrepro.celldir import run_cell  # noqa: E402
+from dlcrepro.train import PHASES  # noqa: E402
 
 ALL = ["tensorboard", "wandb", "mlflow"]
 

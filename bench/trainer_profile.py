@@ -22,7 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 from dlcrepro import gpu_check
 from dlcrepro.config import load
 from dlcrepro.model import build_tiny_model
-from dlcrepro.train import Learner
+from dlcrepro.learner import Learner
 
 
 def main() -> None:

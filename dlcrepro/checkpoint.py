@@ -18,6 +18,7 @@ import json
 import os
 from pathlib import Path
 
+from .stamped import differences, normal
 from .util import atomic_save_stream, atomic_write_text, file_digest
 
 SIDECAR_SUFFIX = ".json"
@@ -33,21 +34,6 @@ class BadCheckpoint(Exception):
 
 def sidecar(path: Path) -> Path:
     return Path(path).with_name(Path(path).name + SIDECAR_SUFFIX)
-
-
-def normal(run) -> object:
-    """`run` as it reads back from JSON (tuples become lists, keys strings): what is compared."""
-    return json.loads(json.dumps(run))
-
-
-def differences(there, here, prefix: str = "", limit: int = 4) -> list[str]:
-    """The dotted keys where two nested dicts differ, with both values: 'config.train.lr: 0.15 there, 0.3 here'."""
-    if isinstance(there, dict) and isinstance(here, dict):
-        out = []
-        for k in sorted(set(there) | set(here), key=str):
-            out += differences(there.get(k), here.get(k), f"{prefix}{k}.", limit)
-        return out[:limit]
-    return [] if there == here else [f"{prefix.rstrip('.')}: {there!r} there, {here!r} here"]
 
 
 def save(path: Path, blob: dict, run, step: int, on_disk: dict | None) -> dict:

@@ -50,7 +50,7 @@ def cmd_train(args) -> int:
         return status
     from .config import load
     from .tracking import from_env
-    from .train import run_cell
+    from .celldir import run_cell
 
     # the workflow hands its jobs the study's tracking section in the environment: no part of the
     # job's config file, whose changes rerun the cell
@@ -68,7 +68,7 @@ def cmd_rollouts(args) -> int:
     if status is not None:
         return status
     from .rollouts import write_rollouts
-    from .train import cell_model_dir
+    from .celldir import cell_model_dir
 
     cfg = _load(args)
     write_rollouts(cfg, args.model, args.sampler, args.seed, Path(args.out), cell_model_dir(cfg, args.model, args.model_dir), args.topk)
@@ -80,7 +80,7 @@ def cmd_initial_eval(args) -> int:
     if status is not None:
         return status
     from .initial_eval import write_initial_eval
-    from .train import cell_model_dir
+    from .celldir import cell_model_dir
 
     cfg = _load(args)
     write_initial_eval(cfg, args.model, args.seed, Path(args.out), cell_model_dir(cfg, args.model, args.model_dir))

@@ -1,11 +1,16 @@
-"""Per-step diagnostics (docs/method.md#per-step-diagnostics), as pure tensor functions.
-Each metric column is defined here once."""
+"""Per-step diagnostics (docs/method.md#per-step-diagnostics), as pure tensor functions, and the
+one list of a step row's metric columns (`STEP_METRICS`, at the end). Each metric column is
+defined here once."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
+
+from .countdown import REWARD_CORRECT
 
 
 def ess(log_w: torch.Tensor) -> float:
@@ -82,3 +87,174 @@ def squared_distance(g1: torch.Tensor, g2: torch.Tensor | None, chunk: int = 1 <
 def dev_ratio(dev: float, floor: float) -> float:
     """dev / floor, NaN where the floor is 0 (every advantage was 0): no division error."""
     return dev / floor if floor > 0 else float("nan")
+
+
+def success_metrics(rewards: torch.Tensor, group: torch.Tensor, num_groups: int) -> dict[str, float]:
+    """Of a batch of k responses per prompt: pass@1 (share of correct responses), pass@k (share of
+    prompts with at least one) and the share of prompts whose rewards are mixed (only those carry a
+    non-zero advantage, and with it a gradient)."""
+    correct = (rewards == REWARD_CORRECT).double()
+    n = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, torch.ones_like(correct))
+    hits = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, correct)
+    return {
+        "pass_at_1": float(correct.mean()),
+        "pass_at_k": float((hits > 0).double().mean()),
+        "mixed_groups": float(((hits > 0) & (hits < n)).double().mean()),
+    }
+
+
+def gradient_snr(g_on: torch.Tensor, g_on2: torch.Tensor, floor: float | None = None) -> dict[str, float]:
+    """The on-policy gradient's signal against its noise, from the two probe gradients: signal
+    ‖(g_on + g_on′)/2‖², noise ‖g_on − g_on′‖²/4 = floor/4 (the variance of their mean, in
+    expectation) and grad_snr = signal / noise (NaN when the noise is 0). The signal is
+    (‖g_on‖² + ‖g_on′‖²)/2 − floor/4: no gradient-sized temporary (a 1.7B model's is 7 GB)."""
+    floor = squared_distance(g_on, g_on2) if floor is None else floor
+    signal = (squared_distance(g_on, None) + squared_distance(g_on2, None)) / 2 - floor / 4
+    noise = floor / 4
+    return {"grad_signal": signal, "grad_snr": signal / noise if noise > 0 else math.nan}
+
+
+# ----------------------------------------------------------------------------- the step row's metrics
+#
+# Every metric column of a step's row (metrics.parquet) is one function below, registered with the
+# columns it returns and when a step has them: "batch" (every step, from the sampled batch) or
+# "probe" (probe steps, from the on-policy probes and the update direction; NaN on the other steps).
+# The training step (train.Trainer.step) and the batch-size scan (scan.py) build their rows from
+# this one list, and the NaN check (divergence.check_finite) reads from it which columns may be NaN.
+# Adding a metric: docs/extending.md#adding-a-metric.
+
+
+@dataclass
+class BatchTerms:
+    """What a step knows of its sampled batch (CPU tensors): rewards `(B,)` and the prompt of each
+    response `(B,)` of `num_groups` prompts, response lengths `(B,)`, per-token log-probs `(N,)` of
+    the engine (e), the trainer at θ_s (a) and at θ_t (b), each token's sequence `(N,)`, and the mean
+    full-vocabulary KL(π_θs ‖ π_θt) over the batch's prefixes."""
+
+    rewards: torch.Tensor
+    group: torch.Tensor
+    num_groups: int
+    lengths: torch.Tensor
+    e: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+    seq: torch.Tensor
+    num_seqs: int
+    kl_sampler: float
+
+
+@dataclass
+class ProbeTerms:
+    """What a probe step adds: the update direction g_c (over all of the step's SGD steps), the
+    on-policy gradients g_on, g_on′ of the two probe batches, the first probe batch's tokens'
+    log-probs `(N,)` under θ_0, and train.off_support_threshold."""
+
+    g_c: torch.Tensor
+    g_on: torch.Tensor
+    g_on2: torch.Tensor
+    logp_0: torch.Tensor
+    off_support_threshold: float
+
+
+@dataclass(frozen=True)
+class StepMetric:
+    when: str  # "batch" or "probe"
+    columns: tuple[str, ...]
+    fn: Callable  # (BatchTerms or ProbeTerms, the row so far) -> {column: value}
+    may_be_nan: bool  # NaN is a value, not a fault (a ratio whose denominator can be 0); probe columns always may
+
+
+STEP_METRICS: list[StepMetric] = []
+WHEN = ("batch", "probe")
+
+# The columns of the evaluation (train.Trainer.evaluate) on eval steps, NaN on the others; and the
+# ESS before a resync, NaN where none happened.
+EVAL_COLUMNS = ("accuracy_greedy", "accuracy_sampled", "heldout_accuracy_greedy", "test_accuracy")
+NOT_ALWAYS = ("ess_lag_presync", *EVAL_COLUMNS)
+
+
+def step_metric(when: str, *columns: str, may_be_nan: bool = False):
+    """Register `fn(terms, row) -> {column: value}` as the metric columns `columns` of a step's row,
+    computed `when` ("batch": every step, from BatchTerms; "probe": probe steps, from ProbeTerms)."""
+    if when not in WHEN:
+        raise ValueError(f"step_metric: when={when!r}, one of {WHEN}")
+
+    def register(fn):
+        taken = set(columns) & {c for m in STEP_METRICS for c in m.columns}
+        if taken:
+            raise ValueError(f"step_metric {fn.__name__}: columns {sorted(taken)} are another metric's")
+        STEP_METRICS.append(StepMetric(when, tuple(columns), fn, may_be_nan))
+        return fn
+
+    return register
+
+
+def step_metrics(when: str, terms) -> dict[str, float]:
+    """The row's columns of every metric registered for `when`, in the order they were registered
+    (a metric may read the columns before it from the row so far)."""
+    row: dict[str, float] = {}
+    for m in STEP_METRICS:
+        if m.when == when:
+            out = m.fn(terms, row)
+            if tuple(out) != m.columns:
+                raise ValueError(f"step metric {m.fn.__name__} returned {list(out)}, registered as {list(m.columns)}")
+            row.update(out)
+    return row
+
+
+def missing(when: str) -> dict[str, float]:
+    """NaN in every column of the metrics registered for `when`: a step that does not compute them."""
+    return {c: math.nan for m in STEP_METRICS if m.when == when for c in m.columns}
+
+
+def metric_columns(when: str | None = None) -> list[str]:
+    """The row's metric columns (of `when`, or all), in order."""
+    return [c for m in STEP_METRICS if when in (None, m.when) for c in m.columns]
+
+
+def may_be_nan(column: str) -> bool:
+    """Whether NaN in `column` is a value, not a fault: a probe or eval column off its steps, the
+    pre-resync ESS, a ratio whose denominator can be 0."""
+    return column in NOT_ALWAYS or any(column in m.columns and (m.when == "probe" or m.may_be_nan) for m in STEP_METRICS)
+
+
+@step_metric("batch", "reward_mean")
+def _reward(t: BatchTerms, row: dict) -> dict[str, float]:
+    return {"reward_mean": float(t.rewards.mean())}
+
+
+@step_metric("batch", "pass_at_1", "pass_at_k", "mixed_groups")
+def _success(t: BatchTerms, row: dict) -> dict[str, float]:
+    return success_metrics(t.rewards, t.group, t.num_groups)
+
+
+@step_metric("batch", "response_len_mean")
+def _length(t: BatchTerms, row: dict) -> dict[str, float]:
+    return {"response_len_mean": float(t.lengths.double().mean())}
+
+
+@step_metric("batch", "ess_lag", "ess_lag_gauss", "ess_lag_seq", "ess_total", "discrepancy_mean", "discrepancy_mean_abs",
+             "discrepancy_std", "lag_mean", "lag_mean_abs", "lag_std")
+def _mismatch(t: BatchTerms, row: dict) -> dict[str, float]:
+    return mismatch_metrics(t.e, t.a, t.b, t.seq, t.num_seqs)
+
+
+@step_metric("batch", "kl_sampler")
+def _kl_sampler(t: BatchTerms, row: dict) -> dict[str, float]:
+    return {"kl_sampler": t.kl_sampler}
+
+
+@step_metric("probe", "off_support")
+def _off_support(t: ProbeTerms, row: dict) -> dict[str, float]:
+    return {"off_support": off_support_share(t.logp_0, t.off_support_threshold)}
+
+
+@step_metric("probe", "dev", "floor", "dev_ratio")
+def _deviation(t: ProbeTerms, row: dict) -> dict[str, float]:
+    dev, floor = squared_distance(t.g_c, t.g_on), squared_distance(t.g_on, t.g_on2)
+    return {"dev": dev, "floor": floor, "dev_ratio": dev_ratio(dev, floor)}
+
+
+@step_metric("probe", "grad_signal", "grad_snr")
+def _snr(t: ProbeTerms, row: dict) -> dict[str, float]:
+    return gradient_snr(t.g_on, t.g_on2, row["floor"])

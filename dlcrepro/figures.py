@@ -95,7 +95,7 @@ def sampler_order(names) -> list[str]:
 
 def copies(runs: pd.DataFrame | None) -> pd.DataFrame:
     """The copied runs: RUN and `source`, the correction whose run each is. A copy's `computed_as` is
-    its source's cell directory, <correction>/<seed dir> in the grid's layout (train.same_run)."""
+    its source's cell directory, <correction>/<seed dir> in the grid's layout (celldir.same_run)."""
     if runs is None or "computed_as" not in runs:
         return pd.DataFrame(columns=A.RUN + ["source"])
     c = runs.loc[runs["computed_as"].fillna("") != "", A.RUN + ["computed_as"]].copy()

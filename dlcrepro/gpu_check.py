@@ -153,7 +153,7 @@ def check_trainer(dev: torch.device) -> str:
 
     from .config import TrainConfig
     from .model import build_tiny_model, response_logits, token_logprobs
-    from .train import Learner, Scored
+    from .learner import Learner, Scored
 
     _, tb = _tiny_batch()
     tb = tb.to(dev)
@@ -168,7 +168,7 @@ def check_trainer(dev: torch.device) -> str:
     assert torch.allclose(learner.token_logp(learner.policy, tb), b, atol=1e-5), "micro-batched log-probs differ"
     learner.tcfg = whole
     ones = torch.ones(tb.tokens.numel(), device=dev)  # advantage 1 everywhere: the gradient of −mean log π
-    learner._apply(learner.pg_grad(Scored(tb, torch.ones(tb.num_seqs), ones)))
+    learner.sgd_step(learner.pg_grad(Scored(tb, torch.ones(tb.num_seqs), ones)))
     b2 = learner.token_logp(learner.policy, tb)
     lag = (b2 - a).abs().mean().item()
     assert lag > 0 and torch.equal(learner.token_logp(learner.initial_model, tb), a), "θ_0 changed or θ_t did not"
@@ -242,7 +242,7 @@ def check_cell(dev: torch.device, tmp: Path) -> str:
     _need("transformers")
     _need("vllm")
     from .config import load
-    from .train import run_cell
+    from .celldir import run_cell
 
     root = Path(__file__).resolve().parent.parent
     over = {
@@ -270,7 +270,7 @@ def paper_step_batch(num_seqs: int, group: int, prompt_len: int, resp_len: tuple
     responses of `group` per prompt, lengths uniform in `resp_len`, top-`topk` engine log-probs."""
     from .engine import Rollout
     from .model import make_token_batch
-    from .train import Scored, advantages
+    from .learner import Scored, advantages
 
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(resp_len[0], resp_len[1] + 1, (num_seqs,), generator=g).tolist()
@@ -312,14 +312,14 @@ def learner_step(learner, scored, probes, rollout) -> dict[str, float]:
     s = scored
     lp = learner.log_probs(s, synced=False)
     lap("logprobs")
-    g_on, g_on2, _ = learner.probe(probes)
+    p = learner.probe(probes)
     lap("probe")
     e = rollout.engine_logp.to(dev)
     g_c, _ = learner.correction_grad(s, rollout, e, lp, False, lp.kept)
     lp.kept = None
     lap("correction")
-    learner._apply(g_c)
-    dev_, floor = squared_distance(g_c, g_on), squared_distance(g_on, g_on2)
+    learner.sgd_step(g_c)
+    dev_, floor = squared_distance(g_c, p.g_on), squared_distance(p.g_on, p.g_on2)
     assert math.isfinite(dev_) and floor > 0, (dev_, floor)
     lap("update")
     return sec
@@ -334,7 +334,7 @@ def check_paper_trainer(dev: torch.device, models=tuple(QWEN3_ARCH), shape: dict
         raise Skip("paper-size models need a GPU (the tests run this piece at a small size on CPU)")
     from .config import load
     from .model import build_tiny_model
-    from .train import Learner
+    from .learner import Learner
 
     cfg = load(Path(__file__).resolve().parent.parent / "configs" / "paper.yaml")
     shape = shape or dict(prompt_len=120, resp_len=(150, 450))

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import torch
 
-from .config import Config, ConfigError, to_dict
-from .util import DamagedFileError, atomic_write_text, log
+from . import stamped
+from .config import Config, to_dict
+from .train import Trainer
+from .util import log
 
 FORMAT = 1  # bump when the file's layout changes
 
@@ -44,15 +46,13 @@ def write_initial_eval(cfg: Config, model: str, seed: int, out: Path, model_dir:
     """Evaluate θ_0 as a cell of `seed` does and save its accuracies with their identity to `out`;
     returns the accuracies."""
     from .cluster import check_device
-    from .train import Trainer
 
     check_device(cfg, model)  # a GPU job on a CPU torch stops here, as a training job does
     torch.manual_seed(seed)  # as train_cell seeds before it builds its Trainer
     # A `bf16` run's Trainer: its one engine is the BF16 probe engine, built as every cell builds it.
     tr = Trainer(cfg, model, "bf16", "pg", seed, model_dir)
     accuracies = tr.evaluate(0)
-    blob = {"identity": identity(cfg, model, seed, model_dir), "accuracies": accuracies}
-    atomic_write_text(Path(out), json.dumps(blob, indent=1))
+    stamped.write(out, identity(cfg, model, seed, model_dir), "accuracies", accuracies, as_json=True)
     log(f"θ_0 of {model}, seed {seed}: {json.dumps(accuracies)} into {out}")
     return accuracies
 
@@ -60,17 +60,5 @@ def write_initial_eval(cfg: Config, model: str, seed: int, out: Path, model_dir:
 def load_initial_eval(path: Path, want: dict) -> dict[str, float]:
     """θ_0's accuracies from `path`, if the file was written for exactly `want` (`identity`); else
     a ConfigError naming what differs, or a DamagedFileError for a file that does not parse."""
-    path = Path(path)
-    try:
-        blob = json.loads(path.read_text())
-        got, accuracies = blob["identity"], blob["accuracies"]
-    except FileNotFoundError:
-        raise
-    except Exception as e:
-        raise DamagedFileError(f"{path}: not a readable θ_0 evaluation ({type(e).__name__}: {e}); delete it and rerun its rule") from e
-    want = json.loads(json.dumps(want))  # as the file holds it (tuples become lists)
-    differ = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
-    if differ:
-        raise ConfigError(f"{path} holds θ_0's evaluation of another run: {', '.join(differ)} differ "
-                          f"(file: {', '.join(f'{k}={got.get(k)!r}' for k in differ)}); delete it and rerun its rule")
+    _, accuracies = stamped.load(path, want, "accuracies", "θ_0's evaluation", "θ_0 evaluation", as_json=True)
     return {k: float(v) for k, v in accuracies.items()}

@@ -19,9 +19,11 @@ from pathlib import Path
 
 import torch
 
+from . import stamped
 from .config import Config, ConfigError, to_dict
 from .engine import Rollout
-from .util import DamagedFileError, atomic_save, log
+from .seeds import derive_seed, step_problems
+from .util import log
 
 FORMAT = 1  # bump when the file's layout changes
 
@@ -48,28 +50,16 @@ def _as_record(r: Rollout) -> dict:
 
 
 def save(path: Path, ident: dict, rollouts: dict[int, Rollout]) -> dict:
-    """Write the rollouts (step → Rollout) with their identity, atomically; the file's digest."""
-    blob = {"identity": ident, "steps": {int(k): _as_record(r) for k, r in rollouts.items()}}
-    return atomic_save(Path(path), lambda tmp: torch.save(blob, tmp))
+    """Write the rollouts (step → Rollout) stamped with their identity, atomically; the file's digest."""
+    return stamped.write(path, ident, "steps", {int(k): _as_record(r) for k, r in rollouts.items()})
 
 
 def load(path: Path, want: dict, need_topk: int) -> dict[int, Rollout]:
     """The rollouts of `path`, step → Rollout, if the file was written for exactly `want`
     (`identity`, but its top-k) and, where a correction reads them (`need_topk` > 0), with exactly
-    that many top-k log-probs; else a ConfigError naming what differs. Loaded as tensors and plain containers only
-    (`weights_only`): a file is never code."""
-    path = Path(path)
-    try:
-        blob = torch.load(path, weights_only=True)
-        got, steps = blob["identity"], blob["steps"]
-    except FileNotFoundError:
-        raise
-    except Exception as e:
-        raise DamagedFileError(f"{path}: not a readable rollouts file ({type(e).__name__}: {e}); delete it and rerun its rule") from e
-    differ = sorted(k for k in set(got) | set(want) if k != "topk" and got.get(k) != want.get(k))
-    if differ:
-        raise ConfigError(f"{path} holds rollouts of another run: {', '.join(differ)} differ "
-                          f"(file: {', '.join(f'{k}={got.get(k)!r}' for k in differ)}); delete it and rerun its rule")
+    that many top-k log-probs; else a ConfigError naming what differs (a DamagedFileError for a
+    file that does not load). Loaded as tensors and plain containers only: a file is never code."""
+    got, steps = stamped.load(path, want, "steps", "rollouts", "rollouts file", skip=("topk",))
     if need_topk and got.get("topk") != need_topk:
         raise ConfigError(f"{path} holds the engine's top-{got.get('topk')} log-probs, and this cell's correction reads "
                           f"the top-{need_topk} (engine.topk): rerun its rule with --topk {need_topk}")
@@ -84,7 +74,6 @@ def write_rollouts(cfg: Config, model: str, sampler_name: str, seed: int, out: P
     from .engine import VLLMEngine
     from .grid import get_sampler
     from .model import load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
-    from .train import derive_seed, step_problems
 
     check_device(cfg, model)  # a GPU job on a CPU torch stops here, as a training job does
     sampler = get_sampler(sampler_name)

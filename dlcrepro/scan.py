@@ -291,10 +291,7 @@ def _place(tr, checkpoint: str | Path | None):
     if tr.sampler.always_synced:
         tr.sampler_model.load_state_dict(tr.policy.state_dict())
         cell.sampler_version = cell.step
-    # as run_cell does on (re)start: the engine gets θ_s through its precision's transform
-    tr.engine.load_weights({k: v.detach() for k, v in tr.sampler_model.state_dict().items()}, cell.sampler_version)
-    if tr.probe_engine is tr.engine:
-        tr.probe_version = cell.sampler_version
+    tr.start_engines(cell)  # as a run does on (re)start: the engine gets θ_s through its precision's transform
     tr.sync_probe(cell.step)
     return cell
 
@@ -311,36 +308,31 @@ def _draw_prompts(tr, n: int, seed: int) -> tuple[list[int], list[list[int]]]:
 def _repetition(tr, synced: bool, corrections: list[str], n: int, rep: int, seed: int) -> list[dict]:
     """One repetition of rung `n`: a sampler batch and two probe batches of the same fresh prompts,
     the probe gradients, and each correction's gradient on the one sampler batch (the step's
-    sample → score → log-probs → probe → correction, without the update). One row per correction."""
-    from .corrections import get_correction
-    from .diagnostics import mismatch_metrics, squared_distance
-    from .train import derive_seed, success_metrics
+    sample → score → log-probs → probe → correction, without the update). One row per correction,
+    with the step row's metrics (diagnostics.STEP_METRICS: the batch's, and the probe step's with
+    that correction's direction)."""
+    from .diagnostics import step_metrics
+    from .seeds import derive_seed
 
     t0 = time.perf_counter()
     tag, k = f"scan/{n}", tr.tcfg.responses_per_prompt
     idx, prompts = _draw_prompts(tr, n, derive_seed(seed, rep, f"{tag}/prompts"))
     rollout = tr.engine.generate(prompts, k, derive_seed(seed, rep, f"{tag}/sample"), tr.topk)
     s = tr.score(rollout, idx)
-    lp = tr.log_probs(s, synced)
-    lp.kept = None  # a kept graph is freed by the first correction's backward: each correction recomputes θ_t's logits
-    e = rollout.engine_logp.to(tr.device)
-    mism = mismatch_metrics(e.cpu(), lp.a.cpu(), lp.b.cpu(), s.tb.seq.cpu(), s.tb.num_seqs)
+    batch = tr.measure(rollout, s, n, synced)
+    batch.lp.kept = None  # a kept graph is freed by the first correction's backward: each correction recomputes θ_t's logits
     both = tr.probe_engine.generate(prompts + prompts, k, derive_seed(seed, rep, f"{tag}/probes"), logprobs=False)
-    probes = [tr.score(r, idx) for r in both.split(len(prompts))]
-    g_on, g_on2, off_support = tr.probe(probes)
+    probe_batches = [tr.score(r, idx) for r in both.split(len(prompts))]
+    probes = tr.probe(probe_batches)
     base = {
         "prompts": n, "responses": k, "rep": rep, "tokens": int(s.tb.tokens.numel()),
-        "probe_tokens": float(np.mean([p.tb.tokens.numel() for p in probes])),
-        "response_len_mean": float(rollout.lengths.double().mean()), "reward_mean": float(s.rewards.mean()),
-        **success_metrics(s.rewards, rollout.group, n),
-        "floor": squared_distance(g_on, g_on2), "ess_lag": mism["ess_lag"], "kl_sampler": lp.kl_sampler,
-        "discrepancy_mean_abs": mism["discrepancy_mean_abs"], "lag_mean_abs": mism["lag_mean_abs"], "off_support": off_support,
+        "probe_tokens": float(np.mean([p.tb.tokens.numel() for p in probe_batches])), **batch.metrics,
     }
     rows = []
     for c in corrections:
-        tr.correction = get_correction(c)  # the one Learner attribute correction_grad reads
-        g_c, diagnostics = tr.correction_grad(s, rollout, e, lp, synced, None)
-        rows.append({"correction": c, **base, "dev": squared_distance(g_c, g_on), **diagnostics})
+        with tr.correcting_as(c):
+            g_c, diagnostics = tr.correction_grad(s, rollout, batch.e, batch.lp, synced, None)
+        rows.append({"correction": c, **base, **step_metrics("probe", tr.probe_terms(g_c, probes)), **diagnostics})
     sec = time.perf_counter() - t0
     return [r | {"seconds": sec} for r in rows]
 

@@ -416,19 +416,19 @@ def gpu_config(**gpu):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch has no CUDA device")
 def test_a_gpu_config_stops_before_anything_loads_naming_the_environment_and_the_fix(tmp_path, monkeypatch):
-    from dlcrepro import train
+    from dlcrepro import celldir, train
 
     def must_not_run(*a, **k):
         raise AssertionError("a model or engine was loaded before the device check")
 
-    monkeypatch.setattr(train, "Trainer", must_not_run)
+    monkeypatch.setattr(celldir, "Trainer", must_not_run)
     monkeypatch.setattr(train, "load_model", must_not_run)
     mdir = tmp_path / "model"
     mdir.mkdir()
     (mdir / "config.json").write_text("{}")
     out = tmp_path / "cell"
     with pytest.raises(cluster.DeviceError) as e:
-        train.run_cell(gpu_config(gpu=1), "tiny", "bf16", "pg", 0, out, model_dir=str(mdir))
+        celldir.run_cell(gpu_config(gpu=1), "tiny", "bf16", "pg", 0, out, model_dir=str(mdir))
     msg = str(e.value)
     assert "models.tiny.resources.gpu=1 asks for a GPU" in msg
     assert sys.executable in msg and f"torch {torch.__version__}" in msg
@@ -465,7 +465,7 @@ def test_a_job_finds_an_hf_model_given_by_its_id(tmp_path, monkeypatch):
     """The workflow hands a paper job `--model-dir Qwen/Qwen3-0.6B` (the config's path): the job
     finds its snapshot in the local cache, and a model missing there is an error saying how to fetch it."""
     from dlcrepro.config import ConfigError
-    from dlcrepro.train import cell_model_dir
+    from dlcrepro.celldir import cell_model_dir
 
     cfg = cluster.load_merged([str(PAPER)])
     monkeypatch.setenv("HF_HUB_CACHE", str(fake_hf_cache(tmp_path / "hub", models=PAPER_MODELS[:1], datasets=())))

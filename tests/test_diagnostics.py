@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from dlcrepro import diagnostics as d
-from dlcrepro.train import advantages, summarize, Cell
+from dlcrepro.celldir import summarize
+from dlcrepro.learner import advantages
+from dlcrepro.train import Cell
 
 
 def test_ess_of_equal_weights_is_one():

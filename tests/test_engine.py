@@ -322,11 +322,12 @@ def test_a_training_sync_whose_weights_do_not_arrive_stops_the_run(tiny_model_di
     blew the weights up (a load fault is never the run's divergence); honest pushes are checked and
     recorded."""
     from dlcrepro.engine import WeightLoadError
-    from dlcrepro.train import BLOWUP, Cell, Trainer
+    from dlcrepro.divergence import BLOWUP
+    from dlcrepro.train import Cell, Trainer
 
     tr = Trainer(smoke_cfg, "tiny", "bf16", "pg", 0, tiny_model_dir)  # one engine: sampler and probe
     cell = Cell()
-    tr.push_weights(tr.engine, tr.sampler_model, 0)  # as a run starts: nothing sampled yet
+    tr.start_engines(cell)  # as a run starts: nothing sampled yet
     tr.engine.generate(tr.eval_prompts[:4], 2, seed=1)
     with torch.no_grad():
         for p in tr.params:  # an update

@@ -1,8 +1,9 @@
 """Extending the harness as docs/extending.md says: a correction is one function and one registry entry,
-nothing else; a figure is one function and one entry in the list of outputs. A copy of this checkout
-gets a throw-away correction added exactly that way, and the workflow trains it and puts it in the
-tables and figures beside `pg`; another copy gets a throw-away figure, and the workflow draws it and
-the report shows it with its caption."""
+nothing else; a figure is one function and one entry in the list of outputs; a metric one registered
+function. A copy of this checkout gets a throw-away correction added exactly that way, and the workflow
+trains it and puts it in the tables and figures beside `pg`; another copy gets a throw-away figure, and
+the workflow draws it and the report shows it with its caption; a third gets two throw-away metrics,
+and a cell's rows and the scan's rows carry them."""
 
 import json
 import os
@@ -123,3 +124,51 @@ def test_a_figure_added_as_one_function_and_one_entry_in_the_outputs_is_drawn_an
     report = (out / "report.html").read_text()
     assert "steps_logged.png" in report and "The steps each cell logged: a throw-away figure." in report
     assert "ess.png" in report  # beside the study's own
+
+
+THROWAWAY_METRICS = '''
+
+@step_metric("batch", "reward_positive_share")
+def _reward_positive_share(t: BatchTerms, row: dict) -> dict[str, float]:
+    """Share of the batch's responses with a positive reward: a throw-away metric (tests/test_extending.py)."""
+    return {"reward_positive_share": float((t.rewards > 0).double().mean())}
+
+
+@step_metric("probe", "probe_floor_over_signal")
+def _probe_floor_over_signal(t: ProbeTerms, row: dict) -> dict[str, float]:
+    """floor / grad_signal, from the row so far: a throw-away probe-step metric (tests/test_extending.py)."""
+    return {"probe_floor_over_signal": row["floor"] / row["grad_signal"] if row["grad_signal"] else math.nan}
+'''
+
+
+def test_a_metric_added_as_one_function_reaches_the_step_rows_and_the_scan(tmp_path, tiny_model_dir):
+    """Adding a metric as docs/extending.md says: one function under `@step_metric` in
+    diagnostics.py, nothing else. A copy of this checkout gets a batch metric and a probe-step
+    metric added that way; a training cell writes both columns (the probe one NaN exactly off the
+    probe steps, which is no fault) and the batch-size scan's rows carry them too."""
+    repo = tmp_path / "checkout"
+    copy_checkout(repo)
+    with open(repo / "dlcrepro" / "diagnostics.py", "a") as f:
+        f.write(THROWAWAY_METRICS)
+    env = {**os.environ, "PYTHONPATH": str(repo)}  # the copy's package, not the installed one
+    env.pop("DLCREPRO_SERVER", None)  # its own process: a fork server has the installed package imported
+    out = tmp_path / "cell"
+    train = [sys.executable, "-m", "dlcrepro", "train", "--config", "configs/smoke.yaml", "--model-dir", str(tiny_model_dir),
+             "--sampler", "stale", "--correction", "dlc", "--seed", "0", "--out", str(out), "--set", "train.steps=4",
+             "--set", "train.probe_every=2", "--set", "train.eval_every=2"]
+    p = subprocess.run(train, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = pd.read_parquet(out / "metrics.parquet")
+    assert (m["reward_positive_share"] == m["pass_at_1"]).all()  # reward +1 correct, −1 otherwise
+    probing = m["floor"].notna()
+    assert list(m.loc[probing, "step"]) == [2, 4]
+    assert m.loc[~probing, "probe_floor_over_signal"].isna().all()
+    assert (m.loc[probing, "probe_floor_over_signal"] == m.loc[probing, "floor"] / m.loc[probing, "grad_signal"]).all()
+
+    scan = [sys.executable, "-m", "dlcrepro", "scan", "--config", "configs/smoke.yaml", "--model-dir", str(tiny_model_dir),
+            "--sampler", "bf16", "--corrections", "pg", "--prompts", "2", "--reps", "1", "--n-boot", "50", "--out", str(tmp_path / "scan")]
+    p = subprocess.run(scan, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    raw = pd.read_parquet(tmp_path / "scan" / "scan.parquet")
+    assert (raw["reward_positive_share"] == raw["pass_at_1"]).all()
+    assert (raw["probe_floor_over_signal"] == raw["floor"] / raw["grad_signal"]).all()

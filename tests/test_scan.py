@@ -96,8 +96,8 @@ def test_lagged_sampler_at_a_checkpoint_samples_from_the_checkpoints_sampler(tin
     from dlcrepro.train import Cell, PhaseTimer, Trainer
 
     tr = Trainer(smoke_cfg, "tiny", "stale", "pg", 0, tiny_model_dir)  # two steps of a stale run: θ_t moves, θ_s stays θ_0
-    tr.engine.load_weights({k: v.detach() for k, v in tr.sampler_model.state_dict().items()}, 0)
     cell = Cell()
+    tr.start_engines(cell)
     for _ in range(2):
         tr.step(cell, PhaseTimer())
     tr.save_checkpoint(tmp_path / "checkpoint.pt", cell)

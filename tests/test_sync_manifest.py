@@ -1,6 +1,6 @@
 """The weight-sync load manifest on the real vLLM-CPU engines: faults injected into what a push sends
 are caught at the load, naming the parameter, before any sampling; and a load fault is never a
-divergence (dlcrepro/manifest.py, train.Trainer.push_weights)."""
+divergence (dlcrepro/manifest.py, train.Trainer.push_weights, dlcrepro/divergence.py)."""
 
 import math
 
@@ -169,10 +169,10 @@ def test_native_fp8_engine_catches_a_dropped_key(tmp_path, smoke_cfg):
 @pytest.fixture(scope="module")
 def trainer(tiny_model_dir, smoke_cfg):
     """A bf16/pg trainer (one engine: sampler and probe) that has pushed θ_0 and matched it."""
-    from dlcrepro.train import Trainer
+    from dlcrepro.train import Cell, Trainer
 
     tr = Trainer(smoke_cfg, "tiny", "bf16", "pg", 0, tiny_model_dir)
-    tr.push_weights(tr.engine, tr.sampler_model, 0)
+    tr.start_engines(Cell())
     return tr
 
 
@@ -180,7 +180,8 @@ def trainer(tiny_model_dir, smoke_cfg):
 def blown_up(trainer):
     """The trainer's weights grown 2 x BLOWUP-fold (exactly BLOWUP could round either side), restored
     after."""
-    from dlcrepro.train import BLOWUP, Cell
+    from dlcrepro.divergence import BLOWUP
+    from dlcrepro.train import Cell
 
     kept = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
     baselines = dict(trainer.matched_weight_max)
@@ -190,7 +191,7 @@ def blown_up(trainer):
     yield Cell(step=1)
     trainer.policy.load_state_dict(kept)
     trainer.sampler_model.load_state_dict(kept)
-    trainer.push_weights(trainer.engine, trainer.sampler_model, 0)
+    trainer.start_engines(Cell())
     trainer.matched_weight_max = baselines
 
 
@@ -205,7 +206,7 @@ def test_a_load_fault_after_the_weights_blew_up_stops_the_run_as_a_fault(trainer
 def test_a_failed_check_after_a_correct_load_of_blown_up_weights_is_the_runs_divergence(trainer, blown_up, monkeypatch):
     """The manifest passed, the statistical check failed (its verdict injected), the weights grew
     20x since the last version the engine matched: Diverged, the run's outcome."""
-    from dlcrepro.train import Diverged
+    from dlcrepro.divergence import Diverged
 
     def fails(*_a, **_k):
         raise SyncCheckError("weight sync check failed: injected; the engine does not hold the trainer's weights")
@@ -226,7 +227,8 @@ def test_the_growth_baseline_is_saved_and_a_resumed_run_keeps_it(trainer, tmp_pa
     """The checkpoint holds the baselines; a run resumed from it (start_or_resume, which pushes θ_s
     again and checks it) judges the next failed check against the same baselines as the run that
     went on uninterrupted."""
-    from dlcrepro.train import Cell, start_or_resume
+    from dlcrepro.celldir import start_or_resume
+    from dlcrepro.train import Cell
 
     saved = {"sampler": 0.25, "probe": 0.5}  # as if the last matched versions had these largest |w|
     kept = dict(trainer.matched_weight_max)

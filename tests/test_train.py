@@ -142,11 +142,13 @@ def test_micro_batched_step_gives_the_full_batch_numbers(tiny_model_dir, smoke_c
     import torch
 
     from dlcrepro.corrections import TokenTerms, get_correction
-    from dlcrepro.train import Cell, PhaseTimer, Trainer, flat_grad
+    from dlcrepro.learner import flat_grad
+    from dlcrepro.train import Cell, PhaseTimer, Trainer
 
     tr = Trainer(smoke_cfg, "tiny", "stale", "dlc", 0, tiny_model_dir)
-    tr.engine.load_weights(tr.state(), 0)
-    tr.step(Cell(), PhaseTimer())  # a real step first (engines warm, θ_s held apart)
+    cell = Cell()
+    tr.start_engines(cell)
+    tr.step(cell, PhaseTimer())  # a real step first (engines warm, θ_s held apart)
     with torch.no_grad():  # and θ_t surely away from θ_s (a smoke step may have all-equal rewards)
         gen = torch.Generator().manual_seed(0)
         for p in tr.params:
@@ -167,11 +169,10 @@ def test_micro_batched_step_gives_the_full_batch_numbers(tiny_model_dir, smoke_c
         assert (lp.kept is None) == (mb == 5)
         g_dlc, diag_dlc = tr.correction_grad(s, rollout, e, lp, False, lp.kept)
         # a sequence-level correction too: each micro-batch holds whole sequences
-        tr.correction = get_correction("seq_mis")
-        g_seq, diag_seq = tr.correction_grad(s, rollout, e, lp, False, None)
-        tr.correction = get_correction("gspo")
-        g_gspo, _ = tr.correction_grad(s, rollout, e, lp, False, None)
-        tr.correction = get_correction("dlc")
+        with tr.correcting_as("seq_mis"):
+            g_seq, diag_seq = tr.correction_grad(s, rollout, e, lp, False, None)
+        with tr.correcting_as("gspo"):
+            g_gspo, _ = tr.correction_grad(s, rollout, e, lp, False, None)
         results[mb] = (lp.a, lp.b, lp.kl_sampler, g_dlc, g_seq, tr.pg_grad(s), tr.token_logp(tr.initial_model, s.tb),
                        g_gspo, *diag_dlc.values(), *diag_seq.values())
     full, chunked = results[1024], results[5]
@@ -195,7 +196,7 @@ def test_micro_batched_step_gives_the_full_batch_numbers(tiny_model_dir, smoke_c
 def test_success_metrics_of_a_batch_by_hand():
     import torch
 
-    from dlcrepro.train import success_metrics
+    from dlcrepro.diagnostics import success_metrics
 
     # prompt 0: +1, -1 (mixed); prompt 1: -1, -1; prompt 2: +1, +1
     rewards = torch.tensor([1.0, -1.0, -1.0, -1.0, 1.0, 1.0])
@@ -207,7 +208,7 @@ def test_success_metrics_of_a_batch_by_hand():
 def test_gradient_snr_is_signal_over_the_variance_of_the_mean():
     import torch
 
-    from dlcrepro.train import gradient_snr
+    from dlcrepro.diagnostics import gradient_snr
 
     g1, g2 = torch.tensor([3.0, 0.0]), torch.tensor([1.0, 0.0])  # mean (2, 0): signal 4; noise |g1-g2|^2/4 = 1
     assert gradient_snr(g1, g2) == pytest.approx({"grad_signal": 4.0, "grad_snr": 4.0})
@@ -215,7 +216,7 @@ def test_gradient_snr_is_signal_over_the_variance_of_the_mean():
 
 
 def test_a_non_finite_metric_stops_the_run_naming_step_and_column():
-    from dlcrepro.train import NonFiniteError, check_finite
+    from dlcrepro.divergence import NonFiniteError, check_finite
 
     check_finite(3, {"reward_mean": -0.5, "dev": float("nan"), "test_accuracy": float("nan")})  # NaN by definition off-probe
     with pytest.raises(NonFiniteError, match=r"step 3: ess_lag is nan"):
@@ -225,7 +226,7 @@ def test_a_non_finite_metric_stops_the_run_naming_step_and_column():
 def test_a_non_finite_update_is_a_divergence_after_theta_moved_and_a_fault_at_theta_0():
     import torch
 
-    from dlcrepro.train import Diverged, NonFiniteError, check_direction_finite, check_weights_finite
+    from dlcrepro.divergence import Diverged, NonFiniteError, check_direction_finite, check_weights_finite
 
     check_direction_finite(1, torch.ones(5))
     with pytest.raises(NonFiniteError, match=r"step 1: the update direction is inf at θ_0, before any update") as e:

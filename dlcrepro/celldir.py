@@ -1,0 +1,257 @@
+"""A cell's directory, from its first file to its summary: `run_cell` runs (or resumes, or returns
+the finished, or copies a twin of) one grid cell into `out`.
+
+    out/config.yaml       the cell and its whole config (run_identity): what a checkpoint or a copy must match
+    out/train.log         what happened, time-stamped (cell_log)
+    out/checkpoint.pt     the run's state every ckpt_every steps, with its sidecar (checkpoint.py), removed at the end
+    out/metrics.parquet   one row per step (train.Trainer.step)
+    out/summary.json      the run's aggregates (summarize)
+
+The loop itself is train.py's (`train_steps`); a seed's θ_0 evaluation and a lagged sampler's shared
+rollouts, read here, are initial_eval.py's and rollouts.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+import torch
+import yaml
+
+from . import analysis, checkpoint, divergence, paths, rollouts, tracking
+from .cluster import check_device
+from .config import Config, to_dict
+from .corrections import get_correction
+from .diagnostics import EVAL_COLUMNS, metric_columns
+from .grid import computed_as, get_sampler
+from .initial_eval import identity as initial_identity
+from .initial_eval import load_initial_eval
+from .registry import engine_topk
+from .train import Cell, Trainer, train_steps
+from .util import DamagedFileError, atomic_save, atomic_write_text, disk_full, log, remove_leftovers
+
+METRICS_FILE, SUMMARY_FILE, CONFIG_FILE, CKPT_FILE, LOG_FILE = (
+    "metrics.parquet",
+    "summary.json",
+    "config.yaml",
+    "checkpoint.pt",
+    "train.log",
+)
+
+
+def summarize(rows: list[dict], cell: Cell, meta: dict, seconds: dict) -> dict:
+    """The run's summary: final test accuracy, noise-floor multiple, ESS crossings, resync steps, seconds.
+
+    The aggregates are analysis.py's, applied to this one run: each is defined once.
+    """
+    ids = {k: meta.get(k, "") for k in analysis.RUN}
+    df = pd.DataFrame(rows).assign(**ids)
+    for col in ("step", "ess_lag_presync", *metric_columns(), *EVAL_COLUMNS):
+        if col not in df:  # a column every row has, absent only from a run that diverged at step 1
+            df[col] = pd.Series(dtype=float)
+    one = lambda f, col: f(df)[col].iloc[0] if len(df) else math.nan  # noqa: E731
+    acc = df["test_accuracy"].dropna()
+    as_int = lambda x: None if pd.isna(x) else int(x)  # noqa: E731
+    return {
+        **meta,
+        "steps": int(len(df)),
+        "final_test_accuracy": divergence.final_test_accuracy(acc, cell.diverged_at_step),
+        "diverged_at_step": cell.diverged_at_step,
+        "initial_test_accuracy": cell.initial.get("test_accuracy", math.nan),
+        "initial_accuracies": cell.initial,
+        "noise_floor_multiple": float(one(analysis.noise_floor_multiple, "noise_floor_multiple")),
+        "leave_floor_step": as_int(one(analysis.leave_floor_step, "leave_floor_step")),
+        "ess_crossing_step": as_int(one(analysis.ess_crossings, "ess_crossing_step")),
+        "ess_gauss_crossing_step": as_int(one(analysis.ess_crossings, "ess_gauss_crossing_step")),
+        "resync_steps": list(cell.resync_steps),
+        "seconds_by_phase": {k: round(v, 2) for k, v in seconds.items()},
+    }
+
+
+def run_identity(meta: dict, cfg: Config) -> dict:
+    """What makes a run this run: the cell and its whole config, as its config.yaml records them. A
+    checkpoint is resumed only by the run it names."""
+    return {"cell": meta, "config": to_dict(cfg)}
+
+
+def finished_as(cell: Path, meta: dict, cfg: Config) -> bool:
+    """Whether `cell` holds a finished run of exactly this cell (`meta`) under exactly `cfg`."""
+    if not ((cell / SUMMARY_FILE).exists() and (cell / METRICS_FILE).exists() and (cell / CONFIG_FILE).exists()):
+        return False
+    ran = yaml.safe_load((cell / CONFIG_FILE).read_text()) or {}
+    want = yaml.safe_load(yaml.safe_dump({"cell": meta, "config": to_dict(cfg)}, sort_keys=False))
+    for c in (ran.get("config") or {}, want["config"]):
+        c.pop("tracking", None)  # where a run is watched is no part of what it computes
+    return ran.get("cell") == want["cell"] and ran.get("config") == want["config"] and "computed_as" not in ran
+
+
+@contextmanager
+def cell_log(path: Path):
+    """`note(msg)`: `msg` on stderr and, time-stamped, on a line of the cell's log file, which is
+    closed however the block ends."""
+    with open(path, "a") as f:
+
+        def note(msg: str) -> None:
+            log(msg)
+            try:
+                f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}\n")
+                f.flush()
+            except OSError as e:
+                raise (disk_full(e, path) or e) from e
+
+        yield note
+
+
+def copy_cell(src: Path, out: Path, meta: dict, cfg: Config, why: str) -> dict:
+    """Write the cell `meta` as the finished run in `src`, which computes the same numbers bit for
+    bit (grid.computed_as says why): its metrics table byte for byte, its summary under this cell's
+    name with `computed_as` naming the source."""
+    t0 = time.perf_counter()
+    damaged = analysis.metrics_problem(src)
+    if damaged:
+        raise DamagedFileError(f"{src}: {damaged}; {out} copies it. Rerun that cell: delete {src} and rerun the same command")
+    atomic_write_text(out / CONFIG_FILE, yaml.safe_dump({"cell": meta, "computed_as": str(src), "why": why, "config": to_dict(cfg)}, sort_keys=False))
+    digest = atomic_save(out / METRICS_FILE, lambda tmp: shutil.copyfile(src / METRICS_FILE, tmp))
+    ran = json.loads((src / SUMMARY_FILE).read_text())
+    summary = {**ran, **meta, "computed_as": str(src), "why": why, "metrics_file": digest}
+    summary["wall_seconds"] = round(time.perf_counter() - t0, 3)
+    summary.pop("tracking", None)
+    with cell_log(out / LOG_FILE) as note:
+        note(f"{out} is the run in {src} ({why}): metrics copied, not recomputed")
+        if cfg.tracking.backends:  # its series are in the trackers once, under the run it copies
+            twin = tracking.run_name(ran)
+            summary["tracking"] = f"not logged: this cell is the run logged as {twin}"
+            note(f"tracking: not logged to {', '.join(cfg.tracking.backends)}: this cell is the run logged there as {twin}")
+    atomic_write_text(out / SUMMARY_FILE, json.dumps(summary, indent=1))
+    return summary
+
+
+def check_names(cfg: Config, model: str, sampler: str, correction: str) -> None:
+    """Fail fast, before anything is written, on a model the config lacks or an unregistered
+    sampler or correction; the error lists the known names."""
+    if model not in cfg.models:
+        raise KeyError(f"unknown model {model!r}; known: {sorted(cfg.models)}")
+    get_sampler(sampler), get_correction(correction)
+
+
+def cell_model_dir(cfg: Config, model: str, model_dir: str | None) -> Path:
+    """The weights the cell starts from: `model_dir` if given, else the config's; it must hold a model."""
+    mdir = paths.model_dir(cfg, model, model_dir)
+    if not (mdir / "config.json").exists():
+        hint = "run `python -m dlcrepro warmstart` first" if cfg.models[model].kind == "tiny" else "is it a model directory?"
+        raise FileNotFoundError(f"model directory {mdir} has no config.json ({hint})")
+    return mdir
+
+
+def same_run(cfg: Config, meta: dict, out: Path) -> tuple[Path | None, str]:
+    """The finished run this cell may copy instead of training, and why: the cell of the correction
+    that computes its numbers bit for bit (grid.computed_as), beside `out` in the grid's layout
+    (<correction>/<seed dir>) and finished under exactly this config. (None, why) if there is none."""
+    same, why = computed_as(meta["sampler"], meta["correction"], cfg.train_for(meta["model"]))
+    if same != meta["correction"] and out.parent.name == meta["correction"]:
+        src = out.parent.parent / same / out.name
+        if finished_as(src, {**meta, "correction": same}, cfg):
+            return src, why
+    return None, why
+
+
+def start_or_resume(tr: Trainer, ckpt: Path, out: Path, meta: dict, run: dict, note) -> Cell:
+    """The run's state: from its checkpoint if there is one that verifies as this run's, else fresh,
+    with θ_0's accuracies (where every run's accuracy curve starts: `Trainer.evaluate(0)`); a
+    checkpoint that does not verify is set aside, named. The run's engine then holds θ_s."""
+    cell, resumed = None, False
+    if ckpt.exists():
+        try:
+            cell = tr.load_checkpoint(ckpt, run)
+            resumed = True
+            note(f"resuming {out} from step {cell.step}")
+        except checkpoint.BadCheckpoint as e:
+            aside = checkpoint.set_aside(ckpt, e.kind)
+            note(f"{e}: set aside as {aside} (delete it once you have looked); starting {out} again from step 0")
+    if cell is None:
+        cell = Cell()
+        note(f"starting {out}: {meta}")
+        cell.initial = tr.evaluate(0)
+    where = {k: os.environ[k] for k in ("SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES") if k in os.environ}
+    note(f"device {tr.device}, torch threads {torch.get_num_threads()}" + "".join(f", {k}={v}" for k, v in where.items()))
+    tr.start_engines(cell, resumed)
+    return cell
+
+
+def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkpoint: bool, shared_rollouts: Path | None = None,
+               initial_eval: Path | None = None) -> dict:
+    """Train the cell `meta` to its last step (resuming from its checkpoint if there is one) and
+    write its metrics and summary; the checkpoint is then removed unless `keep_checkpoint`.
+    `shared_rollouts`: the file of its sampler's shared steps (rollouts.py), which it samples itself
+    without; `initial_eval`: the file of its seed's θ_0 evaluation (initial_eval.py), which it
+    computes itself without."""
+    t0 = time.perf_counter()
+    shared, initial = None, None
+    if initial_eval is not None:  # checked before anything loads, as the rollouts are
+        initial = load_initial_eval(initial_eval, initial_identity(cfg, meta["model"], meta["seed"], mdir))
+        note(f"θ_0's accuracies are read from {initial_eval}")
+    if shared_rollouts is not None:  # checked before anything loads: another run's file stops here
+        topk = engine_topk(meta["correction"], cfg.engine)  # what Trainer.topk will be
+        shared = rollouts.load(shared_rollouts, rollouts.identity(cfg, meta["model"], meta["sampler"], meta["seed"], mdir, topk), topk)
+        note(f"steps {min(shared)}-{max(shared)}: the batches its engine samples at θ_0 are read from {shared_rollouts}")
+    torch.manual_seed(meta["seed"])
+    tr = Trainer(cfg, meta["model"], meta["sampler"], meta["correction"], meta["seed"], mdir, shared_rollouts=shared, initial=initial)
+    setup_sec = time.perf_counter() - t0
+    ckpt, run = out / CKPT_FILE, run_identity(meta, cfg)
+    cell = start_or_resume(tr, ckpt, out, meta, run, note)
+    trackers = tracking.open_trackers(cfg, out, note, first_step=cell.step + 1)
+    trackers.start(meta, tracking.cell_params(cfg, meta))
+    try:
+        totals = train_steps(tr, cell, ckpt, run, note, tracking.run_name(meta), trackers)
+    except BaseException:
+        trackers.finish(None)  # the trackers' runs end as failed; the checkpoint is kept
+        raise
+    totals["setup"] = setup_sec
+    if trackers.status:
+        totals["tracking"] = trackers.seconds  # starting the trackers and each step's logging
+    df = pd.DataFrame(cell.rows)
+    digest = atomic_save(out / METRICS_FILE, lambda tmp: df.to_parquet(tmp, index=False))
+    summary = summarize(cell.rows, cell, meta, totals)
+    summary["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    summary["metrics_file"] = digest  # what `collect` checks the table against
+    trackers.finish(summary)
+    if trackers.status:
+        summary["tracking"] = trackers.status
+    atomic_write_text(out / SUMMARY_FILE, json.dumps(summary, indent=1))
+    if keep_checkpoint:  # the final θ_t and θ_s, e.g. for `python -m dlcrepro scan --checkpoint`
+        tr.save_checkpoint(ckpt, cell, run)
+    else:
+        checkpoint.remove(ckpt)
+    note(f"finished {out}: {json.dumps({k: summary[k] for k in ('final_test_accuracy', 'noise_floor_multiple', 'resync_steps', 'diverged_at_step')})}")
+    return summary
+
+
+def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, out: Path, model_dir: str | None = None,
+             keep_checkpoint: bool = False, shared_rollouts: Path | None = None, initial_eval: Path | None = None) -> dict:
+    """Run (or resume, or return the finished) cell; write metrics, config, summary and log into `out`.
+    A cell whose numbers a finished cell of the grid computes bit for bit copies them instead.
+    `shared_rollouts`: its sampler's shared steps (rollouts.py); `initial_eval`: its seed's θ_0
+    evaluation (initial_eval.py): the same numbers, computed once."""
+    out = Path(out)
+    if (out / SUMMARY_FILE).exists() and (out / METRICS_FILE).exists():
+        return json.loads((out / SUMMARY_FILE).read_text())
+    check_names(cfg, model, sampler, correction)
+    mdir = cell_model_dir(cfg, model, model_dir)
+    meta = {"model": model, "sampler": sampler, "correction": correction, "seed": seed, "model_dir": str(mdir)}
+    src, why = same_run(cfg, meta, out)
+    if src is not None:
+        return copy_cell(src, out, meta, cfg, why)
+    check_device(cfg, model)  # a config asking for a GPU stops here on a CPU torch or without a device
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / CONFIG_FILE, yaml.safe_dump({"cell": meta, "config": to_dict(cfg)}, sort_keys=False))
+    with cell_log(out / LOG_FILE) as note:
+        for tmp in remove_leftovers(out):  # a killed run's half-written file: never a result, only space taken
+            note(f"removed {tmp.name}, left half-written by an earlier run")
+        return train_cell(cfg, meta, mdir, out, note, keep_checkpoint, shared_rollouts, initial_eval)

@@ -1,0 +1,85 @@
+"""Files stamped with an identity: what they were computed for, written beside what they hold and
+checked on every load, so that a file of another run is refused, naming what differs.
+
+Three kinds use it: a run's checkpoint (its sidecar names the run: checkpoint.py), a lagged
+sampler's shared rollouts (rollouts.py) and a seed's θ_0 evaluation (initial_eval.py). An identity
+is a dict of plain values (a config section as `to_dict` gives it, names, numbers); it is compared
+as it reads back from JSON (`normal`), so a tuple written is the list read.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .config import ConfigError
+from .util import DamagedFileError, atomic_save, atomic_write_text
+
+
+def normal(identity) -> object:
+    """`identity` as it reads back from JSON (tuples become lists, keys strings): what is compared."""
+    return json.loads(json.dumps(identity))
+
+
+def differences(there, here, prefix: str = "", limit: int = 4) -> list[str]:
+    """The dotted keys where two nested dicts differ, with both values: 'config.train.lr: 0.15 there, 0.3 here'."""
+    if isinstance(there, dict) and isinstance(here, dict):
+        out = []
+        for k in sorted(set(there) | set(here), key=str):
+            out += differences(there.get(k), here.get(k), f"{prefix}{k}.", limit)
+        return out[:limit]
+    return [] if there == here else [f"{prefix.rstrip('.')}: {there!r} there, {here!r} here"]
+
+
+def differing_keys(got: dict, want: dict, skip: tuple[str, ...] = ()) -> list[str]:
+    """The top-level keys whose values differ between two identities (as JSON reads them back), but `skip`."""
+    got, want = normal(got), normal(want)
+    return sorted(k for k in set(got) | set(want) if k not in skip and got.get(k) != want.get(k))
+
+
+def require_same(path: Path, got: dict, want: dict, what: str, skip: tuple[str, ...] = ()) -> None:
+    """A ConfigError if the file at `path` was stamped `got` and this run wants `want` (but `skip`):
+    '<path> holds <what> of another run: seed differ (seed: 1 there, 0 here); delete it and rerun its rule'."""
+    keys = differing_keys(got, want, skip)
+    if keys:
+        detail = "; ".join(differences({k: normal(got).get(k) for k in keys}, {k: normal(want).get(k) for k in keys}))
+        raise ConfigError(f"{path} holds {what} of another run: {', '.join(keys)} differ ({detail}); delete it and rerun its rule")
+
+
+def write(path: Path, identity: dict, key: str, body, as_json: bool = False) -> dict:
+    """Write `{"identity": identity, key: body}` at `path`, atomically: as indented JSON, or with
+    `torch.save` (tensors). Returns the file's digest."""
+    blob = {"identity": identity, key: body}
+    if as_json:
+        return atomic_write_text(Path(path), json.dumps(blob, indent=1))
+    import torch
+
+    return atomic_save(Path(path), lambda tmp: torch.save(blob, tmp))
+
+
+def read(path: Path, key: str, what: str, as_json: bool = False) -> tuple[dict, object]:
+    """(identity, body) of a file `write` wrote; a DamagedFileError naming `what` for one that does
+    not parse. A torch file is loaded as tensors and plain containers only (`weights_only`): a file
+    is never code."""
+    path = Path(path)
+    try:
+        if as_json:
+            blob = json.loads(path.read_text())
+        else:
+            import torch
+
+            blob = torch.load(path, weights_only=True)
+        return blob["identity"], blob[key]
+    except FileNotFoundError:
+        raise
+    except Exception as e:
+        raise DamagedFileError(f"{path}: not a readable {what} ({type(e).__name__}: {e}); delete it and rerun its rule") from e
+
+
+def load(path: Path, want: dict, key: str, what: str, noun: str, as_json: bool = False,
+         skip: tuple[str, ...] = ()) -> tuple[dict, object]:
+    """`read` (`noun`: what the file is, for a damaged one), then `require_same` against `want` (`what`:
+    what it holds): (the file's identity, its body) if it is this run's."""
+    got, body = read(path, key, noun, as_json)
+    require_same(path, got, want, what, skip)
+    return got, body

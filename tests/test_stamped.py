@@ -1,0 +1,38 @@
+"""Files stamped with an identity (dlcrepro/stamped.py): what the checkpoint sidecar, the shared
+rollouts and θ_0's evaluation share."""
+
+import pytest
+
+from dlcrepro import stamped
+from dlcrepro.config import ConfigError
+from dlcrepro.util import DamagedFileError
+
+IDENT = {"format": 1, "seed": 0, "train": {"steps": 6, "lr": 0.3}, "range": (1, 9)}
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_a_stamped_file_loads_for_its_own_identity_and_names_what_differs_for_another(tmp_path, as_json):
+    path = tmp_path / ("f.json" if as_json else "f.pt")
+    stamped.write(path, IDENT, "body", {"a": 1.5}, as_json=as_json)
+    got, body = stamped.load(path, IDENT, "body", "things", "things file", as_json=as_json)
+    assert body == {"a": 1.5} and got["seed"] == 0  # a tuple written is the list read: the same identity
+    other = {**IDENT, "seed": 1, "train": {"steps": 2, "lr": 0.3}}
+    with pytest.raises(ConfigError, match=r"holds things of another run: seed, train differ \(seed: 0 there, 1 here; "
+                                          r"train.steps: 6 there, 2 here\); delete it and rerun its rule"):
+        stamped.load(path, other, "body", "things", "things file", as_json=as_json)
+    assert stamped.load(path, {**IDENT, "seed": 1}, "body", "things", "things file", as_json=as_json, skip=("seed",))[1] == {"a": 1.5}
+
+
+def test_a_damaged_stamped_file_is_named(tmp_path):
+    path = tmp_path / "f.json"
+    path.write_text('{"identity": ')
+    with pytest.raises(DamagedFileError, match=r"f.json: not a readable things file \(JSONDecodeError"):
+        stamped.load(path, IDENT, "body", "things", "things file", as_json=True)
+    with pytest.raises(FileNotFoundError):
+        stamped.load(tmp_path / "none.json", IDENT, "body", "things", "things file", as_json=True)
+
+
+def test_differences_name_dotted_keys_with_both_values():
+    assert stamped.differences({"config": {"train": {"lr": 0.15}}}, {"config": {"train": {"lr": 0.3}}}) == [
+        "config.train.lr: 0.15 there, 0.3 here"]
+    assert stamped.differing_keys({"a": (1, 2), "b": 1}, {"a": [1, 2], "b": 2}) == ["b"]
