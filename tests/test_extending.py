@@ -57,6 +57,12 @@ def copy_checkout(dst):
             shutil.copy2(src, dst / f)
 
 
+def study_config(out, warm_start) -> list[str]:
+    """--config values for a study of a checkout's copy: outputs under `out`, the test run's warm start."""
+    return [f"results_dir={out / 'results'}", f"tables_dir={out / 'tables'}", f"figures_dir={out / 'figures'}",
+            f"artifacts={warm_start.artifacts}", f"python={sys.executable}", "fork_server=False"]
+
+
 @pytest.mark.slow
 def test_a_correction_added_as_one_function_and_one_registry_entry_reaches_the_tables(tmp_path, smoke_warm_start):
     repo = tmp_path / "checkout"
@@ -69,8 +75,7 @@ def test_a_correction_added_as_one_function_and_one_registry_entry_reaches_the_t
     out = tmp_path / "out"
     # the test run's warm start, up to date: a new correction changes no warm start
     smoke_warm_start.up_to_date_in(out / "results")
-    config = [f"results_dir={out / 'results'}", f"tables_dir={out / 'tables'}", f"figures_dir={out / 'figures'}",
-              f"artifacts={smoke_warm_start.artifacts}", f"python={sys.executable}", "fork_server=False"]
+    config = study_config(out, smoke_warm_start)
     grid = textwrap.dedent("""\
         grid:
           models: [tiny]
@@ -108,8 +113,7 @@ def test_a_figure_added_as_one_function_and_one_entry_in_the_outputs_is_drawn_an
 
     out = tmp_path / "out"
     smoke_warm_start.up_to_date_in(out / "results")
-    config = [f"results_dir={out / 'results'}", f"tables_dir={out / 'tables'}", f"figures_dir={out / 'figures'}",
-              f"artifacts={smoke_warm_start.artifacts}", f"python={sys.executable}", "fork_server=False"]
+    config = study_config(out, smoke_warm_start)
     (repo / "configs" / "one.yaml").write_text("grid:\n  models: [tiny]\n  samplers: [bf16]\n  corrections: [pg]\n  seeds: [0]\n")
     env = {**os.environ, "PYTHONPATH": str(repo)}
     args = ["--nolock", "--configfile", "configs/smoke.yaml", "configs/one.yaml", *smoke_warm_start.SNAKEMAKE_ARGS, "--config", *config]
