@@ -131,7 +131,9 @@ def cmd_tables(args) -> int:
     from .tables import write_all
 
     replicates = [[int(x) for x in g.split(",")] for g in args.replicates or []]
-    write_all(pd.read_parquet(args.steps), pd.read_parquet(args.runs), Path(args.out), n_boot=args.n_boot, replicates=replicates)
+    others = [pd.read_csv(f) for f in args.other_machines or []]
+    write_all(pd.read_parquet(args.steps), pd.read_parquet(args.runs), Path(args.out), n_boot=args.n_boot, replicates=replicates,
+              other_machines=others)
     return 0
 
 
@@ -273,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     tb.add_argument("--out", default="paper_tables")
     tb.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the intervals")
     tb.add_argument("--replicates", nargs="*", metavar="SEEDS", help="seed groups checked apart, e.g. 0,1,2 3,4,5 (default: all seeds, one group)")
+    tb.add_argument("--other-machines", nargs="*", metavar="CSV",
+                    help="findings.csv of the same grid from other CPU kinds (seen on one kind only: 'seen on one machine')")
     tb.set_defaults(fn=cmd_tables)
 
     fg = sub.add_parser("figures", help="write every figure (.pdf, .png)")

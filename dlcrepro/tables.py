@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import analysis as A
-from .findings import findings_table, replicates_not_run
+from .findings import across_machines, findings_table, replicates_not_run
 from .util import atomic_write_text
 
 # PAPER.md's numbers by cell. The paper does not say which model F3–F7 and F10 refer to, so they
@@ -19,8 +19,7 @@ PAPER_MULTIPLE = {
     ("fp8", "pg"): "13x (F3)",
     ("stale", "center"): "32x (F5)",
     ("stale", "is_center"): "2.1x (F6)",
-    ("stale", "ppo"): "699x (F7)",
-    ("stale", "ppo_multi"): "699x (F7)",  # the paper's PPO read as 4 SGD steps per batch (docs/method.md#ppo_multi)
+    ("stale", "ppo_multi"): "699x (F7)",  # the paper's PPO read as 4 SGD steps per batch (findings.PAPER_PPO); `ppo` is pg's copy
     ("stale", "dlc"): "<=2x; 0.6B: 1.9x (F8)",
     ("stale", "is"): "115x (F10)",
     ("stale", "is_resync"): "2.6x (F10)",
@@ -185,8 +184,15 @@ def to_md(df: pd.DataFrame, caption: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def csv_only(df: pd.DataFrame) -> list[str]:
+    """The columns a table keeps for programs (the .csv) and leaves out of the .md and .tex: raw
+    numbers its text columns already show, and the findings' headline numbers (the summary figure's)."""
+    numeric = ("mean", "sd", "ci_low", "ci_high", "unit", "paper value")
+    return [c for c in df.columns if c in numeric or (c.startswith("seeds ") and c.endswith((" value", " low", " high")))]
+
+
 def write_table(df: pd.DataFrame, out: Path, name: str, caption: str) -> None:
-    shown = df.drop(columns=[c for c in ("mean", "sd", "ci_low", "ci_high") if c in df.columns])
+    shown = df.drop(columns=csv_only(df))
     atomic_write_text(out / f"{name}.csv", df.to_csv(index=False))
     atomic_write_text(out / f"{name}.md", to_md(shown, caption))
     atomic_write_text(out / f"{name}.tex", to_tex(shown, caption))
@@ -201,7 +207,9 @@ CAPTIONS = {
     "spearman": "Spearman correlation with the accuracy drop over (run, eval step) pairs of non-reference runs, copied cells counted once; 95 % bootstrap intervals resample runs.",
     "probe_density": "How the cells' M intervals narrow with probe steps: the same runs with only every k-th probe step kept (probes never change a run).",
     "zoo": "The grid's corrections ranked per sampler by the noise-floor multiple M (mean over runs [95 % bootstrap interval]; rank 1 = closest to on-policy training), beside the final test accuracy (mean [95 % CI]) and its rank, the mean share of tokens each correction truncated or dropped and its largest token weight, and the runs that diverged (weights not finite after an update; final accuracy 0).",
-    "findings": "Findings of the paper, each checked by the stated rule in each replicate (a group of seeds): seen = holds in every replicate.",
+    "findings": "Findings of the paper, each checked by the stated rule in each replicate (a group of seeds): seen = holds in every replicate; "
+                "an agreement holds only with its whole interval inside the stated margin; seen on one machine = seen on one kind of CPU "
+                "and not on another (docs/method.md#findings-and-replicates). Rules of commit {rules}; computed on {machine}.",
 }
 
 
@@ -210,7 +218,10 @@ def absent(df: pd.DataFrame, why: str) -> pd.DataFrame:
     return df if len(df) else pd.DataFrame({"not in this grid": [why]})
 
 
-def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 1000, replicates: list[list[int]] | None = None) -> dict[str, pd.DataFrame]:
+def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 1000, replicates: list[list[int]] | None = None,
+              other_machines: list[pd.DataFrame] | None = None) -> dict[str, pd.DataFrame]:
+    """Every table into `out`; `other_machines`: findings tables of the same grid from other CPU
+    kinds, whose verdicts turn a finding seen on one kind only into "seen on one machine"."""
     out = Path(out)
     pr = A.per_run(steps, runs)
     drops = A.distinct_runs(A.accuracy_drops(steps), runs)
@@ -223,7 +234,7 @@ def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 
         "off_support": absent(off_support_table(drops), "no accuracy drops: they need the bf16/pg reference and another cell"),
         "spearman": absent(spearman_out(distinct_steps, drops, n_boot), "no accuracy drops: they need the bf16/pg reference and another cell"),
         "probe_density": A.interval_width_by_probe_density(steps, n_boot=n_boot),
-        "findings": findings_table(steps, runs, replicates, n_boot),
+        "findings": across_machines(findings_table(steps, runs, replicates, n_boot), other_machines or []),
         "zoo": zoo_table(steps, pr, n_boot),
     }
     for name, df in t.items():
@@ -234,7 +245,10 @@ def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 
 def caption(name: str, df: pd.DataFrame) -> str:
     """A table's caption; the findings table's also names the replicates that did not run (their
     column says "not run"), since its verdicts then stand on fewer replicates than the config asks for."""
+    text = CAPTIONS[name]
+    if name == "findings" and len(df) and {"rules", "machine"} <= set(df.columns):
+        text = text.replace("{rules}", str(df["rules"].iloc[0])).replace("{machine}", str(df["machine"].iloc[0]))
     missing = replicates_not_run(df) if name == "findings" else []
     if not missing:
-        return CAPTIONS[name]
-    return CAPTIONS[name] + f" Not run in this grid: {'; '.join(missing)}; each verdict names the replicates it lacks."
+        return text
+    return text + f" Not run in this grid: {'; '.join(missing)}; each verdict names the replicates it lacks."

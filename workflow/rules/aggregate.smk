@@ -30,6 +30,7 @@ rule tables:
     input:
         steps=f"{AGG}/steps.parquet",
         runs=f"{AGG}/runs.parquet",
+        other_machines=other_machine_findings(),
     output:
         [
             (
@@ -47,9 +48,10 @@ rule tables:
         python=PYTHON,
         out=output_parent,
         replicates=replicate_args(),
+        other_machines=other_machine_args(other_machine_findings()),
     shell:
         "{params.python} -m dlcrepro tables --steps {input.steps} --runs {input.runs} --out {params.out} "
-        "{params.replicates} > {log} 2>&1"
+        "{params.replicates} {params.other_machines} > {log} 2>&1"
 
 
 rule figures:
