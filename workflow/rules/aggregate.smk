@@ -58,6 +58,7 @@ rule figures:
     input:
         steps=f"{AGG}/steps.parquet",
         runs=f"{AGG}/runs.parquet",
+        findings=f"{TABLES}/findings.csv",  # the summary figure, findings.png, is drawn from the findings table
     output:
         [
             (
@@ -75,4 +76,5 @@ rule figures:
         python=PYTHON,
         out=output_parent,
     shell:
-        "{params.python} -m dlcrepro figures --steps {input.steps} --runs {input.runs} --out {params.out} > {log} 2>&1"
+        "{params.python} -m dlcrepro figures --steps {input.steps} --runs {input.runs} --findings {input.findings} "
+        "--out {params.out} > {log} 2>&1"

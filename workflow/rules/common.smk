@@ -303,6 +303,7 @@ FIGURE_NAMES = [
     "off_support_kl",
     "off_support_drop",
     "learning",
+    "findings",  # the summary figure, from the findings table (figures.findings_summary)
 ]
 
 
