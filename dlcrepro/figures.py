@@ -229,10 +229,11 @@ def _mean_band(ax, d: pd.DataFrame, y: str, line: dict, x: str = "step", band: s
                 lo, hi = np.nanpercentile(boots, 2.5, axis=1), np.nanpercentile(boots, 97.5, axis=1)
             ax.fill_between(per_run.index, lo, hi, color=line["color"], alpha=0.15, lw=0, zorder=1)
     for _, r in d.loc[gone].groupby(A.RUN):
+        # add_artist, not plot: a line added so never enters the data limits the axes scale to
         r = r.sort_values(x)
-        ax.plot(r[x], r[y], scalex=False, scaley=False, **thin)
-        ax.plot(r[x].iloc[-1:], r[y].iloc[-1:], ls="none", marker="x", ms=7, mew=1.6, color=line["color"], zorder=4,
-                scalex=False, scaley=False)
+        ax.add_artist(Line2D(r[x].to_numpy(), r[y].to_numpy(), **thin))
+        ax.add_artist(Line2D(r[x].to_numpy()[-1:], r[y].to_numpy()[-1:], ls="none", marker="x", ms=7, mew=1.6, color=line["color"],
+                             zorder=4))
 
 
 def _correction_lines(ax, d: pd.DataFrame, y: str, styles: dict[str, Style], runs, band: bool = True, **extra) -> None:

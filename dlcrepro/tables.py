@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -128,10 +129,18 @@ def resync_table(pr: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+# the off-support summary's columns as a reader reads them, with their units
+OFF_SUPPORT_HEADERS = {"collapse_points": "collapse points", "off_support_before_max": "off-support share before collapse (max)",
+                       "off_support_at_collapse_mean": "off-support share at collapse (mean)",
+                       "kl_sampler_at_collapse_mean": "kl_sampler at collapse (mean, nats/token)",
+                       "kl_sampler_healthy_min": "kl_sampler of healthy runs (min, nats/token)",
+                       "kl_sampler_healthy_max": "kl_sampler of healthy runs (max, nats/token)"}
+
+
 def off_support_table(drops: pd.DataFrame) -> pd.DataFrame:
     t = A.off_support_summary(drops)
     t["paper"] = [PAPER_OFF_SUPPORT[r] for r in t["resync"]]
-    return t
+    return t.rename(columns=OFF_SUPPORT_HEADERS)
 
 
 def zoo_table(steps: pd.DataFrame, pr: pd.DataFrame, n_boot: int = 1000, name: str = "test accuracy") -> pd.DataFrame:
@@ -157,7 +166,7 @@ def zoo_table(steps: pd.DataFrame, pr: pd.DataFrame, n_boot: int = 1000, name: s
         g = g.assign(_diverged=g["diverged"] != "none").sort_values(["_diverged", "mean", "correction"], na_position="last").copy()
         finished = ~g["_diverged"]
         g["rank by M"] = pd.array([pd.NA] * len(g), dtype="Int64")
-        g.loc[finished, "rank by M"] = range(1, int(finished.sum()) + 1)
+        g.loc[finished, "rank by M"] = list(range(1, int(finished.sum()) + 1))
         g["rank by accuracy"] = g["accuracy_mean"].where(finished).rank(ascending=False, method="min").astype("Int64")
         rows.append(g.drop(columns="_diverged"))
     t = pd.concat(rows, ignore_index=True)
@@ -193,7 +202,7 @@ def spearman_out(steps: pd.DataFrame, drops: pd.DataFrame, n_boot: int = 1000) -
 
 # Characters a table holds, as pdflatex writes them in text mode with no package beyond booktabs and
 # array (tests/test_tables_tex.py compiles every table). Anything else outside ASCII is an error.
-TEX_TEXT = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "_": r"\_", "#": r"\#", "$": r"\$", "{": r"\{", "}": r"\}",
+TEX_TEXT = {"/": r"/\allowbreak{}", "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "_": r"\_\allowbreak{}", "#": r"\#", "$": r"\$", "{": r"\{", "}": r"\}",
             "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}"}
 TEX_SYMBOL = {"±": r"\pm", "≤": r"\le", "≥": r"\ge", "→": r"\to", "×": r"\times", "−": "-", "δ": r"\delta", "λ": r"\lambda",
               "θ": r"\theta", "ρ": r"\rho", "π": r"\pi", "ε": r"\varepsilon", "Σ": r"\Sigma", "·": r"\cdot", "‖": r"\|",
@@ -226,31 +235,52 @@ def _tex_escape(s: str) -> str:
     return "".join(out)
 
 
+# type sizes from the largest down: (LaTeX, the share of the text width a character takes, the
+# share one column's separation takes)
+TEX_SIZES = ((r"\small", 0.015, 0.035), (r"\footnotesize\setlength{\tabcolsep}{3pt}", 0.0135, 0.018),
+             (r"\scriptsize\setlength{\tabcolsep}{2pt}", 0.0115, 0.012))
+
+
+def _tex_cells(df: pd.DataFrame) -> dict[str, list[str]]:
+    return {c: [str(c)] + [_fmt(v) for v in df[c]] for c in df.columns}
+
+
+def _longest_word(texts: list[str]) -> int:
+    """The longest run of characters a line cannot break in (LaTeX breaks at spaces, / and _ here)."""
+    return max(max(len(w) for w in re.split(r"[\s/_]+", t)) for t in texts)
+
+
+def tex_font(df: pd.DataFrame) -> tuple[str, float, float]:
+    """The largest type size at which every column's longest word fits the text width."""
+    words = [max(_longest_word(t), 2) for t in _tex_cells(df).values()]
+    for size, per_char, sep in TEX_SIZES:
+        if per_char * sum(words) + sep * len(words) <= 1.0:
+            return size, per_char, sep * len(words)
+    size, per_char, sep = TEX_SIZES[-1]
+    return size, per_char, sep * len(words)
+
+
 def tex_column_spec(df: pd.DataFrame) -> str:
-    """Column types that keep a table within the text width: short columns `l`, long ones ragged-right
-    paragraphs sharing what is left of the width in proportion to their longest cell (at most 60
-    characters counted)."""
-    cols = list(df.columns)
-    longest = [max([len(str(c))] + [len(_fmt(v)) for v in df[c]]) for c in cols]
-    short = [n <= 14 for n in longest]
-    weights = [min(n, 60) for n, sh in zip(longest, short) if not sh]
-    # a short column takes about its characters at 0.55 em each, and every column 2 \tabcolsep
-    left = max(0.2, 1.0 - sum(0.011 * n for n, sh in zip(longest, short) if sh) - 0.02 * len(cols))
-    spec, k = [], 0
-    for sh in short:
-        if sh:
-            spec.append("l")
-        else:
-            spec.append(r">{\raggedright\arraybackslash}p{" + f"{left * weights[k] / sum(weights):.3f}" + r"\linewidth}")
-            k += 1
-    return "".join(spec)
+    """Ragged-right paragraph columns that share the text width: each gets at least its longest
+    word, the rest of the width in proportion to its longest cell (at most 60 characters counted)."""
+    cells = _tex_cells(df)
+    _, per_char, separations = tex_font(df)
+    free = 1.0 - separations
+    base = {c: per_char * max(_longest_word(t), 2) for c, t in cells.items()}
+    longest = {c: min(60, max(len(x) for x in t)) for c, t in cells.items()}
+    rest = max(0.0, free - sum(base.values()))
+    extra = {c: max(0.0, per_char * longest[c] - base[c]) for c in df.columns}
+    total = sum(extra.values()) or 1.0
+    widths = {c: base[c] + (rest * extra[c] / total if sum(extra.values()) > rest else extra[c]) for c in df.columns}
+    squeeze = min(1.0, free / sum(widths.values()))  # words too long even in the smallest size: a word may stick out
+    return "".join(r">{\raggedright\arraybackslash}p{" + f"{w * squeeze:.3f}" + r"\linewidth}" for w in widths.values())
 
 
 def to_tex(df: pd.DataFrame, caption: str) -> str:
     r"""A booktabs table in \small that fits the text width (`tex_column_spec`); it needs
     \usepackage{booktabs,array} and compiles with pdflatex."""
     cols = list(df.columns)
-    lines = [r"% needs \usepackage{booktabs,array}", r"\begin{table}[t]", r"\centering", r"\small",
+    lines = [r"% needs \usepackage{booktabs,array}", r"\begin{table}[t]", r"\centering", tex_font(df)[0],
              rf"\caption{{{_tex_escape(caption)}}}", r"\begin{tabular}{" + tex_column_spec(df) + "}", r"\toprule",
              " & ".join(_tex_escape(str(c)) for c in cols) + r" \\", r"\midrule"]
     for _, r in df.iterrows():
@@ -271,7 +301,18 @@ def csv_only(df: pd.DataFrame) -> list[str]:
     """The columns a table keeps for programs (the .csv) and leaves out of the .md and .tex: raw
     numbers its text columns already show, and the findings' headline numbers (the summary figure's)."""
     numeric = ("mean", "sd", "ci_low", "ci_high", "unit", "paper value")
-    return [c for c in df.columns if c in numeric or (c.startswith("seeds ") and c.endswith((" value", " low", " high")))]
+    said_in_caption = ("machine", "rules")  # the findings caption names them (one value per table)
+    nothing_compared = "other machines" in df.columns and (df["other machines"] == "none compared").all()
+    return [c for c in df.columns if c in numeric + said_in_caption or (c.startswith("seeds ") and c.endswith((" value", " low", " high")))
+            or (c == "other machines" and nothing_compared)]
+
+
+def _as_written(text: str) -> str:
+    """A .csv cell as a table shows it: a float to 3 significant digits (_fmt), an integer or text as it is."""
+    try:
+        return text if text.lstrip("-").isdigit() else _fmt(float(text))
+    except ValueError:
+        return text
 
 
 def redraw_tex(directory: Path) -> list[Path]:
@@ -283,6 +324,7 @@ def redraw_tex(directory: Path) -> list[Path]:
         if not md.exists() or not csv.with_suffix(".tex").exists():
             continue
         df = pd.read_csv(csv, keep_default_na=False, na_values=[""], dtype=str).fillna("n/a")
+        df = df.map(_as_written).rename(columns=OFF_SUPPORT_HEADERS)  # numbers as the .md shows them; readable headers
         atomic_write_text(csv.with_suffix(".tex"), to_tex(df.drop(columns=csv_only(df)), md.read_text(encoding="utf-8").splitlines()[0]))
         done.append(csv.with_suffix(".tex"))
     return done
