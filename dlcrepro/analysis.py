@@ -385,22 +385,54 @@ def interval_width_by_probe_density(steps: pd.DataFrame, thinning=(1, 2, 5), n_b
     return pd.DataFrame(rows)
 
 
+POOL_SAMPLED = "RL-pool accuracy (sampled)"  # what the tiny study's test_accuracy is
+HELDOUT_GREEDY = "held-out accuracy (greedy)"  # heldout_accuracy_greedy; the paper config's test_accuracy
+
+
+def accuracy_name(on: str, mode: str) -> str:
+    """The name of an accuracy by what it measures: "RL-pool accuracy (sampled)", "held-out accuracy
+    (greedy)", ... (train.eval_on: pool or test; train.eval_mode: sampled or greedy)."""
+    return f"{'RL-pool' if on == 'pool' else 'held-out'} accuracy ({mode})"
+
+
+def accuracy_names(steps: pd.DataFrame, runs: pd.DataFrame | None) -> str:
+    """The short name of what `test_accuracy` measures (accuracy_name), or "test accuracy" where the
+    runs differ or do not record it."""
+    return eval_measure(steps, runs).split(":")[0]
+
+
 def eval_measure(steps: pd.DataFrame, runs: pd.DataFrame | None) -> str:
-    """What `test_accuracy` measures, e.g. "sampled accuracy on the RL pool (16 problems, 2 answers
-    each at T = 1)": from the runs table (collect reads each cell's config), else from which accuracy
+    """What `test_accuracy` measures, e.g. "RL-pool accuracy (sampled): 16 problems, 2 answers each
+    at T = 1": from the runs table (collect reads each cell's config), else from which accuracy
     column test_accuracy repeats and whether a held-out accuracy was measured beside it."""
     cols = ("eval_on", "eval_mode", "eval_samples", "eval_problems")
     if runs is not None and set(cols) <= set(runs) and runs["eval_on"].notna().all():
         settings = runs[list(cols)].drop_duplicates()
         if len(settings) > 1:
-            return "test accuracy (train.eval_on / eval_mode differ between runs)"
+            return "test accuracy: train.eval_on / eval_mode differ between runs"
         on, mode, k, n = settings.iloc[0]
-        where = f"the RL pool ({int(n)} problems" if on == "pool" else f"the held-out test set ({int(n)} problems"
-        how = f", {int(k)} answers each at T = 1)" if mode == "sampled" else ", one greedy answer each)"
-        return f"{mode} accuracy on {where}{how}"
+        how = f"{int(k)} answers each at T = 1" if mode == "sampled" else "one greedy answer each"
+        return f"{accuracy_name(on, mode)}: {int(n)} problems, {how}"
     ev = steps.loc[steps["test_accuracy"].notna()]
     modes = [m for m in ("sampled", "greedy") if f"accuracy_{m}" in ev and (ev[f"accuracy_{m}"] == ev["test_accuracy"]).all()]
     if len(modes) != 1:
-        return "test accuracy (train.eval_on / eval_mode not recorded)"
+        return "test accuracy: train.eval_on / eval_mode not recorded"
     pool = "heldout_accuracy_greedy" in ev and ev["heldout_accuracy_greedy"].notna().any()
-    return f"{modes[0]} accuracy on {'the RL pool' if pool else 'the held-out test set'}"
+    return accuracy_name("pool" if pool else "test", modes[0])
+
+
+def final_heldout(steps: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """Per run: the held-out accuracy (greedy) of θ_0 and at its last eval step, where it was
+    measured beside a pool accuracy (NaN where not); 0 at the end for a run that diverged, as its
+    final test accuracy (docs/method.md#diverged-runs)."""
+    out = runs[RUN].copy()
+    out["initial_heldout"] = runs.get("initial_heldout_accuracy_greedy", pd.Series(math.nan, index=runs.index)).to_numpy(float)
+    if "heldout_accuracy_greedy" in steps:
+        last = (steps.loc[steps["heldout_accuracy_greedy"].notna()].sort_values("step").groupby(RUN)["heldout_accuracy_greedy"].last()
+                .rename("final_heldout").reset_index())
+        out = out.merge(last, on=RUN, how="left")
+    else:
+        out["final_heldout"] = math.nan
+    if "diverged_at_step" in runs and out["final_heldout"].notna().any():  # held-out measured in this grid
+        out.loc[runs["diverged_at_step"].notna().to_numpy(), "final_heldout"] = 0.0
+    return out

@@ -128,10 +128,28 @@ def cmd_collect(args) -> int:
 def cmd_tables(args) -> int:
     import pandas as pd
 
-    from .tables import write_all
+    from .tables import redraw_tex, write_all
+
+    if args.redraw_tex:
+        for f in redraw_tex(Path(args.redraw_tex)):
+            print(f"rewrote {f}")
+        return 0
+    if not (args.steps and args.runs):
+        raise SystemExit("tables: give --steps and --runs (or --redraw-tex DIR)")
 
     replicates = [[int(x) for x in g.split(",")] for g in args.replicates or []]
-    write_all(pd.read_parquet(args.steps), pd.read_parquet(args.runs), Path(args.out), n_boot=args.n_boot, replicates=replicates)
+    others = [pd.read_csv(f) for f in args.other_machines or []]
+    write_all(pd.read_parquet(args.steps), pd.read_parquet(args.runs), Path(args.out), n_boot=args.n_boot, replicates=replicates,
+              other_machines=others)
+    return 0
+
+
+def cmd_docs(args) -> int:
+    from .findings_docs import update
+
+    root = Path(args.root)
+    for page in update(root, Path(args.findings) if args.findings else root / "paper_tables" / "findings.csv"):
+        print(f"rewrote {page}")
     return 0
 
 
@@ -140,7 +158,8 @@ def cmd_figures(args) -> int:
 
     from .figures import write_all
 
-    write_all(pd.read_parquet(args.steps), Path(args.out), pd.read_parquet(args.runs))
+    findings = pd.read_csv(args.findings) if args.findings else None
+    write_all(pd.read_parquet(args.steps), Path(args.out), pd.read_parquet(args.runs), findings)
     return 0
 
 
@@ -268,17 +287,26 @@ def main(argv: list[str] | None = None) -> int:
     c.set_defaults(fn=cmd_collect)
 
     tb = sub.add_parser("tables", help="write every paper table (.tex, .md, .csv)")
-    tb.add_argument("--steps", required=True)
-    tb.add_argument("--runs", required=True)
+    tb.add_argument("--steps")
+    tb.add_argument("--runs")
     tb.add_argument("--out", default="paper_tables")
+    tb.add_argument("--redraw-tex", metavar="DIR", help="only rewrite DIR's .tex tables from their .csv and .md caption (no numbers change)")
     tb.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the intervals")
     tb.add_argument("--replicates", nargs="*", metavar="SEEDS", help="seed groups checked apart, e.g. 0,1,2 3,4,5 (default: all seeds, one group)")
+    tb.add_argument("--other-machines", nargs="*", metavar="CSV",
+                    help="findings.csv of the same grid from other CPU kinds (seen on one kind only: 'seen on one machine')")
     tb.set_defaults(fn=cmd_tables)
+
+    dc = sub.add_parser("docs", help="rewrite the README's and docs/results.md's findings count and table from findings.csv")
+    dc.add_argument("--root", default=".", help="the repository (default: here)")
+    dc.add_argument("--findings", help="the findings table (default: <root>/paper_tables/findings.csv)")
+    dc.set_defaults(fn=cmd_docs)
 
     fg = sub.add_parser("figures", help="write every figure (.pdf, .png)")
     fg.add_argument("--steps", required=True)
     fg.add_argument("--runs", required=True)
     fg.add_argument("--out", default="figures")
+    fg.add_argument("--findings", help="the findings table (findings.csv): also draw the summary figure findings.png from it")
     fg.set_defaults(fn=cmd_figures)
 
     sc = sub.add_parser("scan", help="noise-floor multiple against batch size at a fixed θ (no update), with the fit M - 1 = b T")

@@ -1,8 +1,11 @@
 """The paper's figures, each as .pdf and .png, from the collected per-step and per-run tables.
 
-Each figure reads without the README: its title says what is plotted and over how many seeds
-(a line is the mean over seeds, its band their range); one legend beside the panels, never over
-the data, names every line and every reference line; a cell that is a copy of another
+Each figure reads without the README: its title says what is plotted, in which unit and over how
+many seeds (a line is the mean over the runs that finished, a thin line each seed; where many runs
+are pooled, a band is the 95 % bootstrap interval of the mean over runs, resampling runs as the
+tables do); a run that diverged ends in a cross at its last step and stays out of the means and of
+the axis limits; where the paper reports a value for what a panel shows, it is marked there; one
+legend beside the panels, never over the data, names every line and every reference line; a cell that is a copy of another
 (`computed_as`, dlcrepro/grid.py) is drawn with hollow markers over the run it equals and named as
 such in the legend; and a correction keeps one colour, line style and marker in every figure
 (`correction_styles`: a family of corrections shares a hue, its members differ in line style and
@@ -13,13 +16,16 @@ marker). Each figure function returns its `Figure`; `write_all` saves those outp
 from __future__ import annotations
 
 import textwrap
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
+import matplotlib.patches
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
@@ -44,6 +50,13 @@ MEMBER_LINESTYLES = ("-", (0, (5, 2)), (0, (1, 1.2)), (0, (6, 2, 1, 2)), (0, (3,
 MEMBER_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 SAMPLER_COLOURS = dict(zip(SAMPLERS, ("#0072B2", "#56B4E9", "#D55E00", "#CC79A7")))
 REFERENCE_LINE = dict(color="0.35", lw=0.9, zorder=1)  # grey: no correction is drawn in grey
+PAPER_COLOUR = "#C00000"  # the paper's values, wherever a panel shows what it reports
+# F2 (Qwen3-1.7B, stale): the empirical lag ESS crosses 1/2 at step 11, its Gaussian prediction at 14
+PAPER_ESS_CROSSINGS = ((11, "-"), (14, "--"))
+PAPER_ESS_LABELS = (("paper: ESS < 1/2 at step 11 (F2)", "-"), ("paper: Gaussian predicts 14 (F2)", "--"))
+# the paper's noise-floor multiples by cell (PAPER.md; tables.PAPER_MULTIPLE has them as text)
+PAPER_M = {("fp8", "pg"): 13.0, ("stale", "center"): 32.0, ("stale", "is_center"): 2.1, ("stale", "ppo_multi"): 699.0,
+           ("stale", "dlc"): 1.9, ("stale", "is"): 115.0, ("stale", "is_resync"): 2.6}
 
 
 @dataclass(frozen=True)
@@ -131,12 +144,24 @@ def seed_count(d: pd.DataFrame, by=A.CELL) -> str:
     return f"{lo} seed{'s' if lo != 1 else ''}" if lo == hi else f"{lo}–{hi} seeds"
 
 
-def over_seeds(d: pd.DataFrame, by=A.CELL) -> str:
-    """The caption's phrase for what a line and its band are."""
+DIVERGENCE = "× a diverged run's last step (non-finite update or weights, or 10-fold weight growth failing the sync check): out of mean and axes"
+
+
+def diverged_set(runs: pd.DataFrame | None) -> frozenset:
+    """The runs (model, sampler, correction, seed) that diverged (`diverged_at_step` in the runs table)."""
+    if runs is None or "diverged_at_step" not in runs:
+        return frozenset()
+    d = runs.loc[runs["diverged_at_step"].notna(), A.RUN]
+    return frozenset(map(tuple, d.itertuples(index=False)))
+
+
+def over_seeds(d: pd.DataFrame, by=A.CELL, runs: pd.DataFrame | None = None) -> str:
+    """The caption's phrase for what a line and its thin lines are, and the divergence mark."""
     n = d.groupby(list(by))["seed"].nunique()
-    if len(n) and n.max() > 1:
-        return f"line: mean over {seed_count(d, by)} per cell, band: their range"
-    return f"{seed_count(d, by)} per cell, no band"
+    what = (f"thick line: mean over the finished runs of {seed_count(d, by)} per cell, thin lines: each seed"
+            if len(n) and n.max() > 1 else f"{seed_count(d, by)} per cell")
+    diverged = [r for r in diverged_set(runs) if r[1] in set(d["sampler"]) and r[2] in set(d["correction"])]
+    return what + (f"; {DIVERGENCE}" if diverged else "; no run diverged")
 
 
 # ----------------------------------------------------------------------------- drawing
@@ -177,25 +202,51 @@ def _tidy(axes, shared_y: bool) -> None:
                 ax.set_ylabel("")
 
 
-def _mean_band(ax, d: pd.DataFrame, y: str, line: dict, x: str = "step", band: bool = True) -> None:
-    """The mean of `y` over the runs in `d` per `x`, and the range over those runs as a band."""
-    g = d.loc[d[y].notna()].groupby(x)[y]
-    mean = g.mean()
-    if mean.empty:
-        return
-    ax.plot(mean.index, mean.to_numpy(), **line)
-    lo, hi = g.min(), g.max()
-    if band and (hi > lo).any():
-        ax.fill_between(mean.index, lo.to_numpy(), hi.to_numpy(), color=line["color"], alpha=0.13, lw=0, zorder=1)
+def _mean_band(ax, d: pd.DataFrame, y: str, line: dict, x: str = "step", band: str | bool = "seeds",
+               diverged: frozenset = frozenset()) -> None:
+    """The mean of `y` per `x` over the runs in `d` that finished, and around it either each of those
+    runs as a thin line (band "seeds", True) or the 95 % bootstrap interval of the mean over runs
+    (band "interval": 200 resamples of the runs); a run in `diverged` is drawn thin, ends in a cross
+    and moves neither the mean nor the axis limits."""
+    d = d.loc[d[y].notna()]
+    key = pd.Series(list(map(tuple, d[A.RUN].itertuples(index=False))), index=d.index) if set(A.RUN) <= set(d) else None
+    gone = key.isin(diverged) if key is not None and diverged else pd.Series(False, index=d.index)
+    finished = d.loc[~gone]
+    mean = finished.groupby(x)[y].mean()
+    thin = dict(color=line["color"], lw=0.6, alpha=0.4, zorder=1)
+    if not mean.empty:
+        ax.plot(mean.index, mean.to_numpy(), **line)
+        per_run = finished.pivot_table(index=x, columns=A.RUN if key is not None else "seed", values=y)
+        if band in ("seeds", True) and per_run.shape[1] > 1:
+            for col in per_run:
+                r = per_run[col].dropna()
+                ax.plot(r.index, r.to_numpy(), **thin)
+        elif band == "interval" and per_run.shape[1] > 1:
+            rng = np.random.default_rng(0)
+            values = per_run.to_numpy(float)
+            pick = rng.integers(values.shape[1], size=(200, values.shape[1]))
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                boots = np.nanmean(values[:, pick], axis=2)  # (x, resamples)
+                lo, hi = np.nanpercentile(boots, 2.5, axis=1), np.nanpercentile(boots, 97.5, axis=1)
+            ax.fill_between(per_run.index, lo, hi, color=line["color"], alpha=0.15, lw=0, zorder=1)
+    for _, r in d.loc[gone].groupby(A.RUN):
+        # add_artist, not plot: a line added so never enters the data limits the axes scale to
+        r = r.sort_values(x)
+        ax.add_artist(Line2D(r[x].to_numpy(), r[y].to_numpy(), **thin))
+        ax.add_artist(Line2D(r[x].to_numpy()[-1:], r[y].to_numpy()[-1:], ls="none", marker="x", ms=7, mew=1.6, color=line["color"],
+                             zorder=4))
 
 
 def _correction_lines(ax, d: pd.DataFrame, y: str, styles: dict[str, Style], runs, band: bool = True, **extra) -> None:
     """Every correction of one panel (`d`: one model and sampler), copies drawn last, over their source."""
     cells = d.groupby(A.CELL, sort=False)
     flagged = [(key, is_copy(runs, *key)) for key in cells.groups]
+    diverged = diverged_set(runs)
     for (model, sampler, corr), copied in sorted(flagged, key=lambda kc: kc[1]):
-        # a copy's band is its source's: drawn once
-        _mean_band(ax, cells.get_group((model, sampler, corr)), y, {**styles[corr].line(copied), **extra}, band=band and not copied)
+        # a copy's thin lines are its source's: drawn once
+        _mean_band(ax, cells.get_group((model, sampler, corr)), y, {**styles[corr].line(copied), **extra},
+                   band="seeds" if band and not copied else False, diverged=diverged)
 
 
 def _reference(ax, y: float, label: str, ls) -> None:
@@ -254,6 +305,23 @@ def _copy_note(notes: dict[str, str]) -> str:
     return f"; {COPY_NOTE}" if notes else ""
 
 
+def _paper_multiples(ax, sampler: str, corrections: set[str], styles: dict[str, Style]) -> None:
+    """The paper's M for the panel's cells: a hollow diamond each, one step past the last, named."""
+    marks = [(c, m) for (s, c), m in PAPER_M.items() if s == sampler and c in corrections]
+    if not marks:
+        return
+    x = ax.get_xlim()[1] + 1
+    last, shift = None, 0.0
+    for c, m in sorted(marks, key=lambda cm: cm[1]):
+        # labels of nearby values (1.9, 2.1, 2.6) step upwards instead of overprinting
+        shift = shift + 8.0 if last is not None and np.log10(m / last) < 0.15 else 0.0
+        last = m
+        ax.plot([x], [m], ls="none", marker="D", ms=6, mfc="none", mew=1.4, color=PAPER_COLOUR, zorder=4)
+        ax.annotate(f"{c} {m:g}×", (x, m), xytext=(-6, shift), textcoords="offset points", fontsize=7, ha="right", va="center",
+                    color=PAPER_COLOUR)
+    ax.set_xlim(right=x + 1)
+
+
 def _ref_handle(ls) -> dict:
     return dict(ls=ls, color=REFERENCE_LINE["color"], lw=REFERENCE_LINE["lw"])
 
@@ -270,7 +338,8 @@ def mismatch(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     for i, m in enumerate(models):
         for j, (col, label) in enumerate(cols):
             for s in samplers:
-                _mean_band(axes[i, j], d.loc[(d["model"] == m) & (d["sampler"] == s)], col, dict(color=SAMPLER_COLOURS.get(s, "k"), lw=1.4))
+                _mean_band(axes[i, j], d.loc[(d["model"] == m) & (d["sampler"] == s)], col, dict(color=SAMPLER_COLOURS.get(s, "k"), lw=1.4),
+                           band="interval", diverged=diverged_set(runs))
             axes[i, j].set(title=f"{m}: {label.split(' (')[0].removeprefix('mean ')}", xlabel="step", ylabel=label)
         # λ spans 0 (synced) to ~10^7 (a diverging run's last steps): linear below 0.01, log above
         axes[i, 1].set_yscale("symlog", linthresh=0.01)
@@ -278,7 +347,9 @@ def mismatch(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     runs_per = d.groupby(["model", "sampler"])[["correction", "seed"]].apply(lambda g: len(g.drop_duplicates()))
     n = f"{runs_per.min()}" if runs_per.min() == runs_per.max() else f"{runs_per.min()}–{runs_per.max()}"
     _title(fig, "Numerical discrepancy δ (engine vs trainer at the same weights) and policy lag λ (sampler's weights vs trainer's)",
-           f"line: mean over the {n} distinct runs of each sampler ({seed_count(d)} per correction, copied cells once), band: their range")
+           f"line: mean over the {n} distinct runs of each sampler ({seed_count(d)} per correction, copied cells once) that finished, "
+           f"band: its 95 % bootstrap interval (resampling runs); "
+           + (DIVERGENCE if any(r[1] in set(d["sampler"]) for r in diverged_set(runs)) else "no run diverged"))
     _legend(fig, [], {}, title="sampler", extra=[(s, dict(color=SAMPLER_COLOURS.get(s, "k"), lw=1.4)) for s in samplers])
     return fig
 
@@ -299,14 +370,19 @@ def ess(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
             ds = d.loc[(d["model"] == m) & (d["sampler"] == s)]
             _correction_lines(ax, ds, "ess_seen", styles, runs, markevery=every)
             for corr, g in ds.groupby("correction"):
-                _mean_band(ax, g, "ess_lag_gauss", dict(color=styles[corr].color, ls=styles[corr].linestyle, lw=0.7, alpha=0.6), band=False)
+                _mean_band(ax, g, "ess_lag_gauss", dict(color=styles[corr].color, ls=styles[corr].linestyle, lw=0.7, alpha=0.6), band=False,
+                           diverged=diverged_set(runs))
             _reference(ax, A.ESS_HALF, "ESS 1/2", ":")
+            if s == "stale":  # F2, Qwen3-1.7B: the empirical ESS crosses 1/2 at step 11, the Gaussian at 14
+                for step, ls in PAPER_ESS_CROSSINGS:
+                    ax.axvline(step, ls=ls, color=PAPER_COLOUR, lw=1.0, zorder=1)
             ax.set(title=f"{m} / {s}", xlabel="step", ylabel="lag ESS (normalised)", ylim=(0, 1.05))
     _tidy(axes, shared_y=True)
     notes = copy_labels(runs, samplers)
-    _title(fig, "Lag ESS of each fresh batch, lagged samplers (thick, markers), and its Gaussian prediction exp(−Var λ) (thin)",
-           f"{over_seeds(d)}{_copy_note(notes)}")
-    _legend(fig, d["correction"].unique(), styles, notes, refs=[("ESS 1/2: IS weights fail below", _ref_handle(":"))],
+    _title(fig, "Lag ESS of each fresh batch (normalised, no unit), lagged samplers (thick, markers), and its Gaussian prediction exp(−Var λ) (faint)",
+           f"{over_seeds(d, runs=runs)}{_copy_note(notes)}; red: the paper's crossings (F2, Qwen3-1.7B, stale)")
+    _legend(fig, d["correction"].unique(), styles, notes, refs=[("ESS 1/2: IS weights fail below", _ref_handle(":")),
+                                                                 *[(lab, dict(ls=ls, color=PAPER_COLOUR, lw=1.0)) for lab, ls in PAPER_ESS_LABELS]],
             extra=[("thin: exp(−Var λ)", dict(color="0.2", lw=0.7, alpha=0.6))])
     return fig
 
@@ -326,13 +402,15 @@ def noise_floor(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure
             _correction_lines(ax, d.loc[(d["model"] == m) & (d["sampler"] == s)], "ratio_ma", styles, runs)
             _reference(ax, 1.0, "1× floor", ":")
             _reference(ax, A.LEAVE_FLOOR_RATIO, "2× floor", "--")
-            ax.set(yscale="log", title=f"{m} / {s}", xlabel="step", ylabel="dev / floor (3-step mean)")
+            ax.set(yscale="log", title=f"{m} / {s}", xlabel="step", ylabel="dev / floor (3-step mean; × floor)")
+            _paper_multiples(ax, s, set(d.loc[d["sampler"] == s, "correction"]), styles)
     _tidy(axes, shared_y=True)
     notes = copy_labels(runs, samplers)
-    _title(fig, "Deviation from on-policy training, dev / floor at the probe steps (3-step moving average, log scale)",
-           f"{over_seeds(d)}{_copy_note(notes)}")
+    _title(fig, "Deviation from on-policy training, dev / floor at the probe steps (multiples of the noise floor, 3-step moving average, log scale)",
+           f"{over_seeds(d, runs=runs)}{_copy_note(notes)}; ◇ at the right edge: the paper's M for that cell (F3, F5–F8, F10)")
     _legend(fig, d["correction"].unique(), styles, notes,
-            refs=[("1× floor: on-policy noise", _ref_handle(":")), (f"{A.LEAVE_FLOOR_RATIO:g}× floor: left the floor", _ref_handle("--"))])
+            refs=[("1× floor: on-policy noise", _ref_handle(":")), (f"{A.LEAVE_FLOOR_RATIO:g}× floor: left the floor", _ref_handle("--"))],
+            extra=[("◇ the paper's M", dict(ls="none", marker="D", mfc="none", color=PAPER_COLOUR, ms=6))])
     return fig
 
 
@@ -341,16 +419,18 @@ def accuracy(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     d = steps.loc[steps["test_accuracy"].notna()]
     styles = correction_styles(d["correction"].unique())
     models, samplers = sorted(d["model"].unique()), _panel_samplers(d)
-    measure = A.eval_measure(steps, runs)
+    measure, name = A.eval_measure(steps, runs), A.accuracy_names(steps, runs)
     fig, axes = _panels(len(models), len(samplers), sharey=True)
     for i, m in enumerate(models):
         for j, s in enumerate(samplers):
             ax = axes[i, j]
             _correction_lines(ax, d.loc[(d["model"] == m) & (d["sampler"] == s)], "test_accuracy", styles, runs)
-            ax.set(title=f"{m} / {s}", xlabel="step", ylabel=measure.replace(" (", "\n("))
+            ax.set(title=f"{m} / {s}", xlabel="step", ylabel=f"{name}\n(share of answers correct)")
     _tidy(axes, shared_y=True)
     notes = copy_labels(runs, samplers)
-    _title(fig, f"Test accuracy at the eval steps: {measure}", f"{over_seeds(d)}{_copy_note(notes)}")
+    paper = ("" if name.startswith("held-out") else
+             "; the paper's accuracies (46.5 %, 12.2 %, 32.0 %) are held-out test accuracies of Qwen3, another measure: not drawn")
+    _title(fig, f"{measure}, at the eval steps", f"{over_seeds(d, runs=runs)}{_copy_note(notes)}{paper}")
     _legend(fig, d["correction"].unique(), styles, notes)
     return fig
 
@@ -376,8 +456,8 @@ def off_support_kl(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Fig
     _tidy(axes, shared_y=False)
     notes = copy_labels(runs, samplers)
     resync = {c: f"{notes.get(c, '')} · resyncs" for c in d["correction"].unique() if c in A.RESYNC_CORRECTIONS}
-    _title(fig, "The invisible collapse: trainer-side off-support share (left) beside the sampler-side KL a monitor sees (right)",
-           f"{over_seeds(d)}{_copy_note(notes)}")
+    _title(fig, "The invisible collapse: trainer-side off-support share (left, share of tokens) beside the sampler-side KL a monitor sees (right, nats/token)",
+           f"{over_seeds(d, runs=runs)}{_copy_note(notes)}")
     _legend(fig, d["correction"].unique(), styles, {**notes, **resync})
     return fig
 
@@ -409,7 +489,9 @@ def off_support_drop(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> F
     return fig
 
 
-ACCURACIES = {"accuracy_sampled": "sampled (eval set)", "accuracy_greedy": "greedy (eval set)", "heldout_accuracy_greedy": "greedy (held-out test)"}
+# what each accuracy column measures under the tiny study's setting (eval_on: pool); see A.accuracy_name
+ACCURACIES = {"accuracy_sampled": "RL-pool accuracy (sampled)", "accuracy_greedy": "RL-pool accuracy (greedy)",
+              "heldout_accuracy_greedy": A.HELDOUT_GREEDY}
 
 
 def learning(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
@@ -435,7 +517,7 @@ def learning(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
             for _, g in ev.loc[ev[col].notna()].groupby("seed"):
                 g = g.sort_values("step")
                 ax.plot(g["step"], g[col], color=measure_colours[label], marker="o", ms=3, lw=0.9)
-        ax.set(title=f"{m}: bf16/pg accuracy, a line per seed", xlabel="step", ylabel="accuracy")
+        ax.set(title=f"{m}: bf16/pg accuracies, a line per seed", xlabel="step", ylabel="share of answers correct")
         ax.legend([Line2D([], [], color=c, marker="o", ms=3, lw=0.9) for c in measure_colours.values()], list(measure_colours),
                   loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False, fontsize=8)
         pg = steps.loc[(steps["model"] == m) & (steps["correction"] == "pg")].sort_values(A.RUN + ["step"]).copy()
@@ -461,28 +543,127 @@ def learning(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     _tidy(axes, shared_y=False)
     ref_all = steps.loc[is_ref]
     _title(fig, "Why the on-policy reference (bf16/pg) learns: its accuracy, the training reward, its batches, its gradient's signal-to-noise",
-           f"accuracy: a line per seed ({seed_count(ref_all)}); other panels: mean over seeds, band: their range (same colour: same sampler)")
+           f"accuracy: a line per seed ({seed_count(ref_all)}); other panels: thick line the mean over seeds, thin lines each seed "
+           f"(same colour: same sampler)")
     return fig
 
 
 def drawn(name: str):
-    """The function of this module that draws the figure `name` of outputs.FIGURES."""
+    """The function of this module that draws the figure `name` of outputs.FIGURES: `fn(steps, runs)`,
+    or for a figure that reads the findings table, `fn(findings)`."""
     f = globals().get(name)
     if not callable(f):
-        raise LookupError(f"dlcrepro/outputs.py lists the figure {name!r}, but dlcrepro/figures.py has no function {name}(steps, runs)")
+        raise LookupError(f"dlcrepro/outputs.py lists the figure {name!r}, but dlcrepro/figures.py has no function {name}(...)")
     return f
 
 
 def __getattr__(attr: str):
-    """FIGURES: name -> drawing function of each figure outputs.FIGURES lists (the one list), in its
-    order; looked up when asked, so a figure's function may stand anywhere in this module."""
+    """FIGURES: name -> drawing function `fn(steps, runs)` of each figure outputs.FIGURES lists that
+    reads the runs (the one list), in its order; looked up when asked, so a figure's function may
+    stand anywhere in this module."""
     if attr == "FIGURES":
-        return {o.name: drawn(o.name) for o in outputs.FIGURES}
+        return {o.name: drawn(o.name) for o in outputs.FIGURES if o.reads == "runs"}
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
 
-def write_all(steps: pd.DataFrame, out: Path, runs: pd.DataFrame | None = None) -> None:
+def write_all(steps: pd.DataFrame, out: Path, runs: pd.DataFrame | None = None, findings: pd.DataFrame | None = None) -> None:
+    """Every figure outputs.FIGURES lists into `out`: those that read the runs from `steps` and
+    `runs`, and, given the findings table, the one that reads it (the summary)."""
     out = Path(out)
     sns.set_theme(style="whitegrid", context="paper")
     for o in outputs.FIGURES:
-        _save(drawn(o.name)(steps, runs), out, o.name)
+        if o.reads == "runs":
+            _save(drawn(o.name)(steps, runs), out, o.name)
+        elif findings is not None:
+            _save(drawn(o.name)(findings), out, o.name)
+
+
+# ----------------------------------------------------------------------------- the summary of the findings
+# Drawn from the findings table (tables.write_all's findings.csv), not from the runs: the verdicts and
+# headline numbers are the table's (outputs.FIGURES lists it with reads="findings").
+
+VERDICT_COLOURS = {"✓": "#CDEBD4", "✗": "#F6D2D2", "?": "#E6E6E6"}
+
+
+def _headline(row: pd.Series, label: str) -> str:
+    """A replicate's headline number as short text ("1.21× [1.01, 1.48]", "+2.7 [−1.2, +6.4] pts"),
+    else the start of its text (a findings table written before the numbers were recorded)."""
+    v, lo, hi = (row.get(f"{label} {k}", np.nan) for k in ("value", "low", "high"))
+    if pd.isna(v):
+        text = str(row[label])[2:]
+        return text if len(text) <= 34 else text[:32] + "…"
+    unit = str(row.get("unit", ""))
+    fmt, suffix = lambda x: f"{x:.3g}", ""
+    if unit == "x floor":
+        fmt = lambda x: f"{x:.3g}×"  # noqa: E731
+    elif unit.startswith("points"):
+        fmt, suffix = (lambda x: f"{x:+.1f}"), " points"  # noqa: E731
+    elif unit.startswith("share of"):
+        fmt = lambda x: f"{100 * x:.0f} % of runs"  # noqa: E731
+    elif unit.startswith("steps"):
+        fmt, suffix = (lambda x: f"{x:+.1f}"), " steps"  # noqa: E731
+    elif unit.startswith("resyncs"):
+        suffix = " resyncs a run"
+    text = fmt(v) + (f" [{fmt(lo).rstrip('×')}, {fmt(hi)}]" if not pd.isna(lo) else "")
+    return text + suffix
+
+
+def findings(findings: pd.DataFrame) -> Figure:
+    """The paper's findings against this study at a glance: per finding the paper's value, each
+    replicate's headline number on a green (holds) or red (fails) ground, the verdict; beside it the
+    noise-floor multiples on one log axis, each replicate's mean and 95 % interval against the
+    paper's value (a red diamond)."""
+    from .findings_docs import category, replicate_columns
+
+    reps = replicate_columns(findings)
+    n = len(findings)
+    fig = plt.figure(figsize=(15.5, 0.42 * n + 1.9), layout="constrained")
+    grid, forest = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3.3, 1.2]})
+    cols = [("finding", 0.0, 3.6), ("paper", 3.6, 2.0)] + [(r, 5.6 + 2.6 * i, 2.6) for i, r in enumerate(reps)]
+    cols.append(("verdict", 5.6 + 2.6 * len(reps), 2.2))
+    width = cols[-1][1] + cols[-1][2]
+    grid.set(xlim=(0, width), ylim=(n + 0.2, -1.1))
+    grid.axis("off")
+    for name, x, w in cols:
+        grid.text(x + 0.08, -0.6, name, fontweight="bold", fontsize=9, va="center")
+    for i, (_, r) in enumerate(findings.iterrows()):
+        what = f"{r['finding']}: {r['what']}"
+        grid.text(0.08, i, textwrap.shorten(what, 46, placeholder="…"), fontsize=8, va="center")
+        grid.text(3.68, i, textwrap.shorten(str(r["paper"]), 24, placeholder="…"), fontsize=8, va="center")
+        for label, x, w in cols[2:-1]:
+            mark = str(r[label])[:1] if str(r[label])[:1] in VERDICT_COLOURS else "?"
+            grid.add_patch(matplotlib.patches.Rectangle((x + 0.03, i - 0.42), w - 0.06, 0.84, color=VERDICT_COLOURS[mark], lw=0))
+            grid.text(x + 0.1, i, "not run" if str(r[label]) == "not run" else f"{mark} {_headline(r, label)}", fontsize=8, va="center")
+        seen = category(r["seen"]) == "seen"
+        grid.text(cols[-1][1] + 0.08, i, str(r["seen"]), fontsize=8, va="center", fontweight="bold" if seen else "normal",
+                  color="#1B7837" if seen else "0.2")
+    rows = [(i, r) for i, (_, r) in enumerate(findings.iterrows()) if str(r.get("unit", "")) == "x floor"]
+    offsets = np.linspace(-0.18, 0.18, max(len(reps), 1))
+    colours = ("#0072B2", "#E69F00", "#009E73", "#CC79A7")
+    for i, r in rows:
+        for k, label in enumerate(reps):
+            v, lo, hi = (r.get(f"{label} {q}", np.nan) for q in ("value", "low", "high"))
+            if pd.notna(v) and v > 0:
+                err = [[v - lo], [hi - v]] if pd.notna(lo) and lo > 0 else None
+                forest.errorbar([v], [i + offsets[k]], xerr=err, fmt="o", ms=4, color=colours[k % 4], lw=1.2, capsize=2)
+        if pd.notna(r.get("paper value", np.nan)):
+            forest.plot([r["paper value"]], [i], ls="none", marker="D", ms=7, mfc="none", mew=1.5, color=PAPER_COLOUR)
+    if not any(pd.notna(r.get(f"{label} value", np.nan)) for _, r in rows for label in reps):
+        forest.set_xlim(0.5, 2000)
+        forest.text(0.5, 0.5, "no headline numbers in this findings table\n(written before the rules recorded them)",
+                    transform=forest.transAxes, ha="center", va="center", fontsize=9, color="0.3")
+    forest.axvline(1.0, **REFERENCE_LINE, ls=":")
+    forest.axvline(A.LEAVE_FLOOR_RATIO, **REFERENCE_LINE, ls="--")
+    forest.set(xscale="log", ylim=(n + 0.2, -1.1), yticks=[i for i, _ in rows], yticklabels=[r["finding"] for _, r in rows],
+               xlabel="noise-floor multiple M (× floor, log scale)", title="M: this study against the paper")
+    handles = [Line2D([], [], ls="none", marker="o", color=colours[k % 4], label=f"{lab}: mean [95 % CI]") for k, lab in enumerate(reps)]
+    handles += [Line2D([], [], ls="none", marker="D", mfc="none", color=PAPER_COLOUR, label="the paper's M"),
+                Line2D([], [], **_ref_handle(":"), label="1× floor"), Line2D([], [], **_ref_handle("--"), label="2× floor")]
+    fig.legend(handles=handles, loc="outside lower right", ncols=3, frameon=False, fontsize=8)
+    rules = sorted(set(findings["rules"].astype(str))) if "rules" in findings else ["not recorded"]
+    machine = sorted(set(findings["machine"].astype(str))) if "machine" in findings else ["not recorded"]
+    _title(fig, "The paper's findings against this study: each replicate's headline number on green where its rule holds, red where it "
+                "fails; the verdict (seen: holds in every replicate)",
+           f"rules of commit {', '.join(rules)}, computed on {', '.join(machine)}; the numbers, rules and margins: "
+           "paper_tables/findings.md, docs/method.md#findings-and-replicates")
+    return fig

@@ -22,12 +22,13 @@ CATEGORY = {"table": "Tables", "figure": "Figures"}
 @dataclass(frozen=True)
 class Output:
     """A table or figure of the study: `name` is its files' stem (for a figure, also the function of
-    figures.py that draws it, `fn(steps, runs) -> Figure`), `caption` what the report says of it
-    (reStructuredText)."""
+    figures.py that draws it: `fn(steps, runs) -> Figure`, or `fn(findings) -> Figure` for one that
+    reads the findings table), `caption` what the report says of it (reStructuredText)."""
 
     name: str
     kind: str  # "table" or "figure"
     caption: str
+    reads: str = "runs"  # a figure's input: "runs" (fn(steps, runs)) or "findings" (fn(findings table))
 
     def files(self, directory) -> list[str]:
         """Its files in `directory`, one per format (FORMATS)."""
@@ -44,9 +45,11 @@ class Output:
 
 # Said of every figure that draws a line per cell (a figure's caption ends with it).
 PER_CELL = (
-    "A line is the mean over a cell's seeds and its band their range (the title gives the seed count); a correction has"
-    " the same colour, line style and marker in every figure (a family shares a colour); hollow markers without a line "
-    "are a cell copied from the run it equals (dlcrepro/grid.py), drawn over it and named so in the legend."
+    "A thick line is the mean over a cell's runs that finished, a thin line each seed (the title gives the seed "
+    "count); a run that diverged ends in a cross at its last step and stays out of the mean and the axis limits; a "
+    "correction has the same colour, line style and marker in every figure (a family shares a colour); hollow "
+    "markers without a line are a cell copied from the run it equals (dlcrepro/grid.py), drawn over it and named so "
+    "in the legend."
 )
 
 TABLE_CAPTION = (
@@ -60,9 +63,9 @@ def table(name: str, caption: str = "") -> Output:
     return Output(name, "table", caption or TABLE_CAPTION)
 
 
-def figure(name: str, caption: str) -> Output:
-    """A figure, drawn by the function `name` of figures.py."""
-    return Output(name, "figure", caption)
+def figure(name: str, caption: str, reads: str = "runs") -> Output:
+    """A figure, drawn by the function `name` of figures.py from the runs or the findings table."""
+    return Output(name, "figure", caption, reads)
 
 
 # In the order tables.write_all writes them.
@@ -82,9 +85,11 @@ TABLES = (
 FIGURES = (
     figure(
         "mismatch",
-        "Mean absolute numerical discrepancy δ (left) and policy lag λ (right) per step and sampler, averaged over "
-        "the sampler's distinct runs (a copied cell once), with their range as a band: δ is the engine's rounding "
-        "and stays roughly flat; λ grows while a stale sampler is not synced.",
+        "Mean absolute numerical discrepancy δ (left) and policy lag λ (right) per step and sampler, in nats per "
+        "token, averaged over the sampler's distinct runs that finished (a copied cell once), with the 95 % bootstrap "
+        "interval of that mean (resampling runs) as a band; a run that diverged ends in a cross and stays out of the "
+        "mean and the axis limits: δ is the engine's rounding and stays roughly flat; λ grows while a stale sampler "
+        "is not synced.",
     ),
     figure(
         "ess",
@@ -103,7 +108,8 @@ FIGURES = (
         "accuracy",
         "Test accuracy at the eval steps, per correction and sampler, in the measure the config chooses "
         "(train.eval_on, train.eval_mode, train.eval_samples), which the y-axis and the title name as recorded in "
-        "the runs table (e.g. sampled accuracy on the RL pool, 8 answers per problem at temperature 1). "
+        "the runs table (e.g. RL-pool accuracy (sampled), 8 answers per problem at temperature 1; held-out accuracy "
+        "(greedy) where the test set is held out). "
         + PER_CELL,
     ),
     figure(
@@ -121,11 +127,21 @@ FIGURES = (
     ),
     figure(
         "learning",
-        "Why the on-policy reference learns: bf16/pg's accuracies, a line per seed, from the warm start on (sampled"
-        " and greedy on the eval problems, greedy on the held-out test set), the training reward of pg under each "
-        "sampler, pass@1, pass@k and the share of mixed-reward groups of bf16/pg's batches, and the on-policy "
-        "gradient's signal-to-noise ratio at probe steps against the SNR 1 line (mean over seeds, band: their "
-        "range).",
+        "Why the on-policy reference learns: bf16/pg's accuracies, a line per seed, from the warm start on (RL-pool "
+        "accuracy (sampled), RL-pool accuracy (greedy), held-out accuracy (greedy)), the training reward of pg under "
+        "each sampler, pass@1, pass@k and the share of mixed-reward groups of bf16/pg's batches, and the on-policy "
+        "gradient's signal-to-noise ratio at probe steps against the SNR 1 line (thick line: mean over seeds, thin "
+        "lines: each seed).",
+    ),
+    figure(
+        "findings",
+        "The paper's fifteen findings against this study, from the findings table (paper_tables/findings.csv): per "
+        "finding the paper's value, each replicate's headline number on a green ground where the finding's rule "
+        "holds and a red one where it fails, and the verdict (seen: holds in every replicate; an agreement only with "
+        "its whole interval inside the stated margin; seen on one machine: on one kind of CPU and not another). "
+        "Beside it the noise-floor multiples on one log axis: each replicate's mean with its 95 % bootstrap interval "
+        "against the paper's value (a red diamond). The title names the commit of the rules and the CPU kind that "
+        "computed them (docs/method.md#findings-and-replicates).",
+        reads="findings",
     ),
 )
-

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
 
 from . import analysis as A
-from .findings import findings_table, replicates_not_run
+from .findings import across_machines, findings_table, replicates_not_run
 from .util import atomic_write_text
 
 # PAPER.md's numbers by cell. The paper does not say which model F3–F7 and F10 refer to, so they
@@ -19,8 +20,7 @@ PAPER_MULTIPLE = {
     ("fp8", "pg"): "13x (F3)",
     ("stale", "center"): "32x (F5)",
     ("stale", "is_center"): "2.1x (F6)",
-    ("stale", "ppo"): "699x (F7)",
-    ("stale", "ppo_multi"): "699x (F7)",  # the paper's PPO read as 4 SGD steps per batch (docs/method.md#ppo_multi)
+    ("stale", "ppo_multi"): "699x (F7)",  # the paper's PPO read as 4 SGD steps per batch (findings.PAPER_PPO); `ppo` is pg's copy
     ("stale", "dlc"): "<=2x; 0.6B: 1.9x (F8)",
     ("stale", "is"): "115x (F10)",
     ("stale", "is_resync"): "2.6x (F10)",
@@ -56,30 +56,50 @@ def _ci_text(mean, lo, hi, digits=3):
     return f"{_fmt(mean, digits)} [{_fmt(lo, 2)}, {_fmt(hi, 2)}]"
 
 
+DIVERGED_MARK = "†"  # beside a number that stops at a run's divergence (docs/method.md#diverged-runs)
+
+
+def _marked(text: str, diverged: str) -> str:
+    """`text` with the divergence mark where any of the cell's runs diverged ("none" where none did)."""
+    return text if diverged in ("none", "") or text == "n/a" else f"{text} {DIVERGED_MARK}"
+
+
 def noise_floor_table(steps: pd.DataFrame, pr: pd.DataFrame, n_boot: int = 1000) -> pd.DataFrame:
-    """Per cell: the mean over runs of M with its two-level bootstrap interval (runs, probe steps)."""
+    """Per cell: the mean over runs of M with its two-level bootstrap interval (runs, probe steps); a
+    cell with a diverged run is marked † (its M stops at the divergence) and names the runs and steps."""
     b = A.multiple_bootstrap(steps, n_boot)
     s = b.merge(A.cell_stats(pr, "noise_floor_multiple")[A.CELL + ["n_valid"]], on=A.CELL, how="left")
-    s["M (mean [95 % CI])"] = [_ci_text(m, lo, hi) for m, lo, hi in zip(s["mean"], s["ci_low"], s["ci_high"])]
+    s = s.merge(diverged_runs(pr), on=A.CELL, how="left").fillna({"diverged": "none"})
+    s["M (mean [95 % CI])"] = [_marked(_ci_text(m, lo, hi), d) for m, lo, hi, d in zip(s["mean"], s["ci_low"], s["ci_high"], s["diverged"])]
     s["runs with a multiple"] = [f"{v}/{n}" for v, n in zip(s["n_valid"], s["n_runs"])]
     s["paper"] = [PAPER_MULTIPLE.get((a, b), "") for a, b in zip(s["sampler"], s["correction"])]
-    return s[A.CELL + ["M (mean [95 % CI])", "runs with a multiple", "probe_steps", "paper", "mean", "ci_low", "ci_high"]]
+    return s[A.CELL + ["M (mean [95 % CI])", "runs with a multiple", "probe_steps", "diverged", "paper", "mean", "ci_low", "ci_high"]]
 
 
-def accuracy_table(pr: pd.DataFrame, n_boot: int = 1000) -> pd.DataFrame:
-    """Per cell: θ_0's and the final test accuracy (mean [95 % CI] over runs) and the rise between them."""
+def accuracy_table(pr: pd.DataFrame, n_boot: int = 1000, name: str = "test accuracy", heldout: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per cell: θ_0's and the final accuracy `name` measures (mean [95 % CI] over runs), the rise
+    between them, each seed's final (a diverged run: 0, with its step), and beside them the held-out
+    accuracy (greedy) at θ_0 and at the end where it was measured beside a pool accuracy
+    (`heldout`: analysis.final_heldout)."""
     pr = pr.assign(rise=pr["final_test_accuracy"] - pr["initial_test_accuracy"])
     fin, start, rise = (A.mean_bootstrap(pr, c, n_boot) for c in ("final_test_accuracy", "initial_test_accuracy", "rise"))
     s = fin.merge(start, on=A.CELL, suffixes=("", "_start")).merge(rise, on=A.CELL, suffixes=("", "_rise"))
-    s["at step 0"] = [_fmt(m) for m in s["mean_start"]]
-    s["final (mean [95 % CI])"] = [_ci_text(m, lo, hi) for m, lo, hi in zip(s["mean"], s["ci_low"], s["ci_high"])]
+    s[f"{name} at step 0"] = [_fmt(m) for m in s["mean_start"]]
+    s[f"{name}, final (mean [95 % CI])"] = [_ci_text(m, lo, hi) for m, lo, hi in zip(s["mean"], s["ci_low"], s["ci_high"])]
     s["rise (mean [95 % CI])"] = [_ci_text(m, lo, hi) for m, lo, hi in zip(s["mean_rise"], s["ci_low_rise"], s["ci_high_rise"])]
-    pr = pr.assign(_final=[_fmt(a) + (f" (diverged at {int(d)})" if d == d else "")
+    pr = pr.assign(_final=[_fmt(a) + (f" ({DIVERGED_MARK} diverged at step {int(d)})" if d == d else "")
                            for a, d in zip(pr["final_test_accuracy"], pr["diverged_at_step"])])
     per_seed = pr.sort_values("seed").groupby(A.CELL)["_final"].apply("/".join).rename("final per seed")
     s = s.merge(per_seed.reset_index(), on=A.CELL, how="left")
+    shown = [f"{name} at step 0", f"{name}, final (mean [95 % CI])", "rise (mean [95 % CI])", "final per seed"]
+    if heldout is not None and heldout["final_heldout"].notna().any():
+        h0, h1 = (A.mean_bootstrap(heldout.rename(columns={c: "x"}), "x", n_boot) for c in ("initial_heldout", "final_heldout"))
+        s[f"{A.HELDOUT_GREEDY} at step 0"] = s[A.CELL].merge(h0, on=A.CELL, how="left")["mean"].map(_fmt).to_numpy()
+        h1 = s[A.CELL].merge(h1, on=A.CELL, how="left")
+        s[f"{A.HELDOUT_GREEDY}, final (mean [95 % CI])"] = [_ci_text(m, lo, hi) for m, lo, hi in zip(h1["mean"], h1["ci_low"], h1["ci_high"])]
+        shown += [f"{A.HELDOUT_GREEDY} at step 0", f"{A.HELDOUT_GREEDY}, final (mean [95 % CI])"]
     s["paper"] = [PAPER_ACCURACY.get((a, b), "") for a, b in zip(s["sampler"], s["correction"])]
-    return s[A.CELL + ["at step 0", "final (mean [95 % CI])", "rise (mean [95 % CI])", "final per seed", "paper", "mean", "ci_low", "ci_high"]]
+    return s[A.CELL + shown + ["paper", "mean", "ci_low", "ci_high"]]
 
 
 def ess_crossing_table(pr: pd.DataFrame, correction: str = "is") -> pd.DataFrame:
@@ -94,6 +114,7 @@ def ess_crossing_table(pr: pd.DataFrame, correction: str = "is") -> pd.DataFrame
             "ESS < 1/2 at step (per seed)": lst("ess_crossing_step"),
             "Gaussian predicts (per seed)": lst("ess_gauss_crossing_step"),
             f"{correction} leaves the floor (per seed)": lst("leave_floor_step"),
+            "diverged (per seed)": ", ".join(f"{DIVERGED_MARK} at step {int(v)}" if v == v else "no" for v in g["diverged_at_step"]),
             "paper": PAPER_ESS.get((sampler,), ""),
         })
     return pd.DataFrame(rows)
@@ -103,50 +124,69 @@ def resync_table(pr: pd.DataFrame) -> pd.DataFrame:
     d = pr.loc[pr["correction"].isin(A.RESYNC_CORRECTIONS)].sort_values(A.RUN)
     out = d[A.RUN].copy()
     out["resync steps"] = [", ".join(map(str, json.loads(s))) or "none" for s in d["resync_steps"]]
+    out["diverged"] = [f"{DIVERGED_MARK} at step {int(v)}" if v == v else "no" for v in d["diverged_at_step"]]
     out["paper"] = [PAPER_RESYNC.get((s, c), "") for s, c in zip(d["sampler"], d["correction"])]
     return out
+
+
+# the off-support summary's columns as a reader reads them, with their units
+OFF_SUPPORT_HEADERS = {"collapse_points": "collapse points", "off_support_before_max": "off-support share before collapse (max)",
+                       "off_support_at_collapse_mean": "off-support share at collapse (mean)",
+                       "kl_sampler_at_collapse_mean": "kl_sampler at collapse (mean, nats/token)",
+                       "kl_sampler_healthy_min": "kl_sampler of healthy runs (min, nats/token)",
+                       "kl_sampler_healthy_max": "kl_sampler of healthy runs (max, nats/token)"}
 
 
 def off_support_table(drops: pd.DataFrame) -> pd.DataFrame:
     t = A.off_support_summary(drops)
     t["paper"] = [PAPER_OFF_SUPPORT[r] for r in t["resync"]]
-    return t
+    return t.rename(columns=OFF_SUPPORT_HEADERS)
 
 
-def zoo_table(steps: pd.DataFrame, pr: pd.DataFrame, n_boot: int = 1000) -> pd.DataFrame:
+def zoo_table(steps: pd.DataFrame, pr: pd.DataFrame, n_boot: int = 1000, name: str = "test accuracy") -> pd.DataFrame:
     """Per model × sampler, the grid's corrections ranked by M (lowest first: closest to on-policy
-    training), beside their final accuracy and its rank (highest first), and what each correction
-    did to its tokens: the mean over steps of its truncated and dropped token shares, and its
-    largest token weight over the runs (`corr_*` metrics columns; n/a for runs written before them)."""
+    training), beside their final accuracy (`name`) and its rank (highest first), and what each
+    correction did to its tokens: the mean over steps of its truncated and dropped token shares, and
+    its largest token weight over the runs (`corr_*` metrics columns; n/a for runs written before
+    them). Both ranks are over the cells whose runs all finished; a cell with a diverged run has no
+    rank ("—"), is listed after them and named with its runs and steps in `diverged` (its M stops at
+    the divergence, so ranking it beside full runs would compare a truncated measure)."""
     m = noise_floor_table(steps, pr, n_boot)
-    acc = accuracy_table(pr, n_boot)
+    acc = accuracy_table(pr, n_boot, name)
+    final = f"{name}, final (mean [95 % CI])"
     t = m[A.CELL + ["M (mean [95 % CI])", "mean", "ci_low", "ci_high"]].merge(
-        acc[A.CELL + ["final (mean [95 % CI])", "mean"]].rename(columns={"mean": "accuracy_mean"}), on=A.CELL, how="outer")
+        acc[A.CELL + [final, "mean"]].rename(columns={"mean": "accuracy_mean"}), on=A.CELL, how="outer")
     diag = {"corr_clipped_share": "mean", "corr_masked_share": "mean", "corr_weight_max": "max"}
     have = [c for c in diag if c in steps.columns]
     d = steps.groupby(A.CELL)[have].agg({c: diag[c] for c in have}).reset_index() if have else steps[A.CELL].drop_duplicates()
-    t = t.merge(d, on=A.CELL, how="left").merge(diverged_runs(pr), on=A.CELL, how="left")
+    t = t.merge(d, on=A.CELL, how="left").merge(diverged_runs(pr), on=A.CELL, how="left").fillna({"diverged": "none"})
     t["M (mean [95 % CI])"] = t["M (mean [95 % CI])"].fillna("n/a")  # a cell without a metrics row: every run diverged at step 1
     rows = []
     for _, g in t.groupby(["model", "sampler"], sort=True):
-        g = g.sort_values(["mean", "correction"], na_position="last").copy()
-        g["rank by M"] = range(1, len(g) + 1)
-        g["rank by accuracy"] = g["accuracy_mean"].rank(ascending=False, method="min").astype("Int64")
-        rows.append(g)
+        g = g.assign(_diverged=g["diverged"] != "none").sort_values(["_diverged", "mean", "correction"], na_position="last").copy()
+        finished = ~g["_diverged"]
+        g["rank by M"] = pd.array([pd.NA] * len(g), dtype="Int64")
+        g.loc[finished, "rank by M"] = list(range(1, int(finished.sum()) + 1))
+        g["rank by accuracy"] = g["accuracy_mean"].where(finished).rank(ascending=False, method="min").astype("Int64")
+        rows.append(g.drop(columns="_diverged"))
     t = pd.concat(rows, ignore_index=True)
     t["truncated tokens"] = [_fmt(v) for v in t.get("corr_clipped_share", pd.Series(math.nan, index=t.index))]
     t["dropped tokens"] = [_fmt(v) for v in t.get("corr_masked_share", pd.Series(math.nan, index=t.index))]
     t["largest weight"] = [_fmt(v) for v in t.get("corr_weight_max", pd.Series(math.nan, index=t.index))]
-    return t[["model", "sampler", "rank by M", "correction", "M (mean [95 % CI])", "final (mean [95 % CI])", "rank by accuracy",
+    for col in ("rank by M", "rank by accuracy"):
+        t[col] = [str(int(v)) if not pd.isna(v) else "—" for v in t[col]]
+    return t[["model", "sampler", "rank by M", "correction", "M (mean [95 % CI])", final, "rank by accuracy",
               "truncated tokens", "dropped tokens", "largest weight", "diverged", "mean", "ci_low", "ci_high"]]
 
 
 def diverged_runs(pr: pd.DataFrame) -> pd.DataFrame:
-    """Per cell, its runs that diverged ("seed 1 at step 9"; "none"): their final accuracy counts as 0
-    and their M is over their probe steps before the divergence."""
-    text = pr.sort_values("seed").groupby(A.CELL).apply(
-        lambda g: ", ".join(f"seed {s} at step {int(a)}" for s, a in zip(g["seed"], g["diverged_at_step"]) if a == a) or "none",
-        include_groups=False)
+    """Per cell, its runs that diverged ("† 2 of 3: seed 1 at step 9, seed 2 at step 7"; "none"): their
+    final accuracy counts as 0 and their M is over their probe steps before the divergence."""
+    def one(g):
+        at = [f"seed {s} at step {int(a)}" for s, a in zip(g["seed"], g["diverged_at_step"]) if a == a]
+        return f"{DIVERGED_MARK} {len(at)} of {len(g)}: {', '.join(at)}" if at else "none"
+
+    text = pr.sort_values("seed").groupby(A.CELL).apply(one, include_groups=False)
     return text.rename("diverged").reset_index()
 
 
@@ -160,16 +200,88 @@ def spearman_out(steps: pd.DataFrame, drops: pd.DataFrame, n_boot: int = 1000) -
 # ----------------------------------------------------------------------------- writers
 
 
+# Characters a table holds, as pdflatex writes them in text mode with no package beyond booktabs and
+# array (tests/test_tables_tex.py compiles every table). Anything else outside ASCII is an error.
+TEX_TEXT = {"/": r"/\allowbreak{}", "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "_": r"\_\allowbreak{}", "#": r"\#", "$": r"\$", "{": r"\{", "}": r"\}",
+            "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}"}
+TEX_SYMBOL = {"±": r"\pm", "≤": r"\le", "≥": r"\ge", "→": r"\to", "×": r"\times", "−": "-", "δ": r"\delta", "λ": r"\lambda",
+              "θ": r"\theta", "ρ": r"\rho", "π": r"\pi", "ε": r"\varepsilon", "Σ": r"\Sigma", "·": r"\cdot", "‖": r"\|",
+              "✓": r"\surd", "✗": r"\times", "≈": r"\approx", "∞": r"\infty", "†": r"\dagger", "∇": r"\nabla", "β": r"\beta",
+              "α": r"\alpha", "μ": r"\mu", "σ": r"\sigma", "⁻": "^-", "¹": "^1", "²": "^2", "³": "^3", "₀": "_0"}
+TEX_WORD = {"–": "--", "—": "---", "’": "'", "“": "``", "”": "''", "…": r"\ldots{}", " ": " "}
+
+
 def _tex_escape(s: str) -> str:
-    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"), ("±", r"$\pm$"),
-                 ("<=", r"$\le$"), ("->", r"$\to$"), ("~", r"$\sim$")):
-        s = s.replace(a, b)
-    return s
+    r"""`s` as LaTeX text: specials escaped, Greek letters and symbols in math mode ($\lambda$, $\times$;
+    neighbouring symbols share one math span)."""
+    out, math = [], []
+    for ch in str(s):
+        if ch in TEX_SYMBOL:
+            math.append(TEX_SYMBOL[ch] + (" " if TEX_SYMBOL[ch][-1].isalpha() else ""))
+            continue
+        if math:
+            out.append("$" + "".join(math).rstrip() + "$")
+            math = []
+        if ch in TEX_TEXT:
+            out.append(TEX_TEXT[ch])
+        elif ch in TEX_WORD:
+            out.append(TEX_WORD[ch])
+        elif ord(ch) < 128:
+            out.append(ch)
+        else:
+            raise ValueError(f"tables: no LaTeX for {ch!r} (U+{ord(ch):04X}) in {s!r}: add it to tables.TEX_SYMBOL")
+    if math:
+        out.append("$" + "".join(math).rstrip() + "$")
+    return "".join(out)
+
+
+# type sizes from the largest down: (LaTeX, the share of the text width a character takes, the
+# share one column's separation takes)
+TEX_SIZES = ((r"\small", 0.015, 0.035), (r"\footnotesize\setlength{\tabcolsep}{3pt}", 0.0135, 0.018),
+             (r"\scriptsize\setlength{\tabcolsep}{2pt}", 0.0115, 0.012))
+
+
+def _tex_cells(df: pd.DataFrame) -> dict[str, list[str]]:
+    return {c: [str(c)] + [_fmt(v) for v in df[c]] for c in df.columns}
+
+
+def _longest_word(texts: list[str]) -> int:
+    """The longest run of characters a line cannot break in (LaTeX breaks at spaces, / and _ here)."""
+    return max(max(len(w) for w in re.split(r"[\s/_]+", t)) for t in texts)
+
+
+def tex_font(df: pd.DataFrame) -> tuple[str, float, float]:
+    """The largest type size at which every column's longest word fits the text width."""
+    words = [max(_longest_word(t), 2) for t in _tex_cells(df).values()]
+    for size, per_char, sep in TEX_SIZES:
+        if per_char * sum(words) + sep * len(words) <= 1.0:
+            return size, per_char, sep * len(words)
+    size, per_char, sep = TEX_SIZES[-1]
+    return size, per_char, sep * len(words)
+
+
+def tex_column_spec(df: pd.DataFrame) -> str:
+    """Ragged-right paragraph columns that share the text width: each gets at least its longest
+    word, the rest of the width in proportion to its longest cell (at most 60 characters counted)."""
+    cells = _tex_cells(df)
+    _, per_char, separations = tex_font(df)
+    free = 1.0 - separations
+    base = {c: per_char * max(_longest_word(t), 2) for c, t in cells.items()}
+    longest = {c: min(60, max(len(x) for x in t)) for c, t in cells.items()}
+    rest = max(0.0, free - sum(base.values()))
+    extra = {c: max(0.0, per_char * longest[c] - base[c]) for c in df.columns}
+    total = sum(extra.values()) or 1.0
+    widths = {c: base[c] + (rest * extra[c] / total if sum(extra.values()) > rest else extra[c]) for c in df.columns}
+    squeeze = min(1.0, free / sum(widths.values()))  # words too long even in the smallest size: a word may stick out
+    return "".join(r">{\raggedright\arraybackslash}p{" + f"{w * squeeze:.3f}" + r"\linewidth}" for w in widths.values())
 
 
 def to_tex(df: pd.DataFrame, caption: str) -> str:
+    r"""A booktabs table in \small that fits the text width (`tex_column_spec`); it needs
+    \usepackage{booktabs,array} and compiles with pdflatex."""
     cols = list(df.columns)
-    lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{_tex_escape(caption)}}}", r"\begin{tabular}{" + "l" * len(cols) + "}", r"\toprule",
+    lines = [r"% needs \usepackage{booktabs,array}", r"\begin{table}[t]", r"\centering", tex_font(df)[0],
+             rf"\caption{{{_tex_escape(caption)}}}", r"\begin{tabular}{" + tex_column_spec(df) + "}", r"\toprule",
              " & ".join(_tex_escape(str(c)) for c in cols) + r" \\", r"\midrule"]
     for _, r in df.iterrows():
         lines.append(" & ".join(_tex_escape(_fmt(v)) for v in r) + r" \\")
@@ -185,23 +297,71 @@ def to_md(df: pd.DataFrame, caption: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def csv_only(df: pd.DataFrame) -> list[str]:
+    """The columns a table keeps for programs (the .csv) and leaves out of the .md and .tex: raw
+    numbers its text columns already show, and the findings' headline numbers (the summary figure's)."""
+    numeric = ("mean", "sd", "ci_low", "ci_high", "unit", "paper value")
+    said_in_caption = ("machine", "rules")  # the findings caption names them (one value per table)
+    nothing_compared = "other machines" in df.columns and (df["other machines"] == "none compared").all()
+    return [c for c in df.columns if c in numeric + said_in_caption or (c.startswith("seeds ") and c.endswith((" value", " low", " high")))
+            or (c == "other machines" and nothing_compared)]
+
+
+def _as_written(text: str) -> str:
+    """A .csv cell as a table shows it: a float to 3 significant digits (_fmt), an integer or text as it is."""
+    try:
+        return text if text.lstrip("-").isdigit() else _fmt(float(text))
+    except ValueError:
+        return text
+
+
+def redraw_tex(directory: Path) -> list[Path]:
+    """Rewrite each table's .tex in `directory` from its .csv, with the caption its .md starts with:
+    the same numbers, in the current LaTeX form (for tables written before it). The .tex files written."""
+    done = []
+    for csv in sorted(Path(directory).glob("*.csv")):
+        md = csv.with_suffix(".md")
+        if not md.exists() or not csv.with_suffix(".tex").exists():
+            continue
+        df = pd.read_csv(csv, keep_default_na=False, na_values=[""], dtype=str).fillna("n/a")
+        df = df.map(_as_written).rename(columns=OFF_SUPPORT_HEADERS)  # numbers as the .md shows them; readable headers
+        atomic_write_text(csv.with_suffix(".tex"), to_tex(df.drop(columns=csv_only(df)), md.read_text(encoding="utf-8").splitlines()[0]))
+        done.append(csv.with_suffix(".tex"))
+    return done
+
+
 def write_table(df: pd.DataFrame, out: Path, name: str, caption: str) -> None:
-    shown = df.drop(columns=[c for c in ("mean", "sd", "ci_low", "ci_high") if c in df.columns])
+    shown = df.drop(columns=csv_only(df))
     atomic_write_text(out / f"{name}.csv", df.to_csv(index=False))
     atomic_write_text(out / f"{name}.md", to_md(shown, caption))
     atomic_write_text(out / f"{name}.tex", to_tex(shown, caption))
 
 
+# What counts as a divergence, said in every caption where a diverged run can appear.
+DIVERGED = ("† a run that diverged: an update left its update direction or weights NaN or infinite, or grew its largest |weight| "
+            "10-fold with the engine's sync check then failing (docs/method.md#diverged-runs); its final accuracy counts as 0 and "
+            "its M is over its probe steps before the divergence.")
 CAPTIONS = {
-    "noise_floor": "Deviation from on-policy training in multiples of the noise floor: per run M = sum dev / sum floor over its probe steps; per cell the mean over runs with a 95 % bootstrap interval (resampling runs, and probe steps within each run).",
-    "accuracy": "Test accuracy ({measure}) of θ_0 and at the last step, and the rise between them: mean [95 % bootstrap interval over runs].",
-    "ess_crossing": "First step with lag ESS < 1/2 (empirical, on the fresh batch), the step the Gaussian prediction exp(-Var lag) crosses, and the step `is` leaves the floor (3-step moving average of dev/floor > 2).",
-    "resync": "Steps at which each run with resync resynchronized its sampler.",
-    "off_support": "Off-support share (tokens of the trainer's own responses with probability < 1e-3 under the initial policy) before / at collapse points (accuracy drop >= half the bf16/pg reference), beside the sampler-side KL. Copied cells (computed_as) count once.",
-    "spearman": "Spearman correlation with the accuracy drop over (run, eval step) pairs of non-reference runs, copied cells counted once; 95 % bootstrap intervals resample runs.",
+    "noise_floor": "Deviation from on-policy training in multiples of the noise floor: per run M = sum dev / sum floor over its probe steps; "
+                   "per cell the mean over runs with a 95 % bootstrap interval (resampling runs, and probe steps within each run). " + DIVERGED,
+    "accuracy": "{measure}: of θ_0 and at the last step, and the rise between them, mean [95 % bootstrap interval over runs]; beside it, "
+                "where measured, the held-out accuracy (greedy) of the same runs. " + DIVERGED,
+    "ess_crossing": "First step with lag ESS < 1/2 (empirical, on the fresh batch), the step the Gaussian prediction exp(-Var lag) crosses, "
+                    "and the step `is` leaves the floor (3-step moving average of dev/floor > 2). " + DIVERGED,
+    "resync": "Steps at which each run with resync resynchronized its sampler. " + DIVERGED,
+    "off_support": "Off-support share (tokens of the trainer's own responses with probability < 1e-3 under the initial policy) before / at "
+                   "collapse points (accuracy drop >= half the bf16/pg reference), beside the sampler-side KL. Copied cells (computed_as) "
+                   "count once; a diverged run counts with its eval steps before the divergence.",
+    "spearman": "Spearman correlation with the accuracy drop over (run, eval step) pairs of non-reference runs, copied cells counted once, "
+                "a diverged run with its eval steps before the divergence; 95 % bootstrap intervals resample runs.",
     "probe_density": "How the cells' M intervals narrow with probe steps: the same runs with only every k-th probe step kept (probes never change a run).",
-    "zoo": "The grid's corrections ranked per sampler by the noise-floor multiple M (mean over runs [95 % bootstrap interval]; rank 1 = closest to on-policy training), beside the final test accuracy (mean [95 % CI]) and its rank, the mean share of tokens each correction truncated or dropped and its largest token weight, and the runs that diverged (weights not finite after an update; final accuracy 0).",
-    "findings": "Findings of the paper, each checked by the stated rule in each replicate (a group of seeds): seen = holds in every replicate.",
+    "zoo": "The grid's corrections ranked per sampler by the noise-floor multiple M (mean over runs [95 % bootstrap interval]; rank 1 = "
+           "closest to on-policy training), beside the final {measure} (mean [95 % CI]) and its rank, the mean share of tokens each "
+           "correction truncated or dropped and its largest token weight. Ranks are over the cells whose runs all finished; a cell with a "
+           "diverged run is listed after them without a rank (—). " + DIVERGED,
+    "findings": "Findings of the paper, each checked by the stated rule in each replicate (a group of seeds): seen = holds in every replicate; "
+                "an agreement holds only with its whole interval inside the stated margin; seen on one machine = seen on one kind of CPU "
+                "and not on another (docs/method.md#findings-and-replicates). Rules of commit {rules}; computed on {machine}.",
 }
 
 
@@ -210,21 +370,25 @@ def absent(df: pd.DataFrame, why: str) -> pd.DataFrame:
     return df if len(df) else pd.DataFrame({"not in this grid": [why]})
 
 
-def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 1000, replicates: list[list[int]] | None = None) -> dict[str, pd.DataFrame]:
+def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 1000, replicates: list[list[int]] | None = None,
+              other_machines: list[pd.DataFrame] | None = None) -> dict[str, pd.DataFrame]:
+    """Every table into `out`; `other_machines`: findings tables of the same grid from other CPU
+    kinds, whose verdicts turn a finding seen on one kind only into "seen on one machine"."""
     out = Path(out)
     pr = A.per_run(steps, runs)
     drops = A.distinct_runs(A.accuracy_drops(steps), runs)
     distinct_steps = A.distinct_runs(steps, runs)
+    name = A.accuracy_names(steps, runs)
     t = {
         "noise_floor": noise_floor_table(steps, pr, n_boot),
-        "accuracy": accuracy_table(pr, n_boot),
+        "accuracy": accuracy_table(pr, n_boot, name, A.final_heldout(steps, pr)),
         "ess_crossing": absent(ess_crossing_table(pr), "no `is` run under a lagged sampler (stale, fp8_stale)"),
         "resync": absent(resync_table(pr), "no run of a correction with resync (dlc, is_resync)"),
         "off_support": absent(off_support_table(drops), "no accuracy drops: they need the bf16/pg reference and another cell"),
         "spearman": absent(spearman_out(distinct_steps, drops, n_boot), "no accuracy drops: they need the bf16/pg reference and another cell"),
         "probe_density": A.interval_width_by_probe_density(steps, n_boot=n_boot),
-        "findings": findings_table(steps, runs, replicates, n_boot),
-        "zoo": zoo_table(steps, pr, n_boot),
+        "findings": across_machines(findings_table(steps, runs, replicates, n_boot), other_machines or []),
+        "zoo": zoo_table(steps, pr, n_boot, name),
     }
     for name, df in t.items():
         write_table(df, out, name, caption(name, df).replace("{measure}", A.eval_measure(steps, runs)))
@@ -234,7 +398,10 @@ def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 
 def caption(name: str, df: pd.DataFrame) -> str:
     """A table's caption; the findings table's also names the replicates that did not run (their
     column says "not run"), since its verdicts then stand on fewer replicates than the config asks for."""
+    text = CAPTIONS[name]
+    if name == "findings" and len(df) and {"rules", "machine"} <= set(df.columns):
+        text = text.replace("{rules}", str(df["rules"].iloc[0])).replace("{machine}", str(df["machine"].iloc[0]))
     missing = replicates_not_run(df) if name == "findings" else []
     if not missing:
-        return CAPTIONS[name]
-    return CAPTIONS[name] + f" Not run in this grid: {'; '.join(missing)}; each verdict names the replicates it lacks."
+        return text
+    return text + f" Not run in this grid: {'; '.join(missing)}; each verdict names the replicates it lacks."

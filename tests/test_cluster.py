@@ -109,7 +109,7 @@ def test_a_snapshot_without_weights_counts_as_missing(tmp_path):
 def test_tiny_configs_need_nothing_from_the_cache(tmp_path):
     p = plan(tmp_path / "empty-hub", ROOT / "configs" / "tiny.yaml", ROOT / "configs" / "replicate.yaml")
     assert p.returncode == 0, p.stdout
-    assert "168 cells: 120 trained, 48 copied" in p.stdout  # seeds 0-5: 60 trained and 24 copies per replicate
+    assert "168 cells: 144 trained, 24 copied" in p.stdout  # seeds 0-5: 72 trained (ppo_multi among them) and 12 copies per replicate
     assert "models.tiny: built here by the warm start" in p.stdout and "MISSING" not in p.stdout
 
 

@@ -1,6 +1,7 @@
 """The documentation stays true to the repository: its links resolve inside a clone, the README
-stays a front door (at most 200 lines, every docs page linked and saying what it answers), every
-number the README quotes from a committed table agrees with that table, and the glossary of metrics
+stays a front door (at most 200 lines, every docs page linked and saying what it answers), its
+findings count and table are what paper_tables/findings.csv gives (one count on every page), the
+docs' zoo table agrees with the committed zoo table, and the glossary of metrics
 columns lists exactly the columns a training run writes."""
 
 from __future__ import annotations
@@ -184,15 +185,6 @@ def test_every_docs_page_is_linked_from_the_readme_and_says_what_it_answers():
         assert page.resolve() in linked, f"README.md should link {page.relative_to(ROOT)}"
 
 
-NUMBER = re.compile(r"(?<![A-Za-z_\d.])[+\-−]?\d+(?:\.\d+)?(?:e[+\-]?\d+)?")
-
-
-def numbers(text: str) -> list[str]:
-    """The numbers written in `text`, as written (a leading + or − kept; thousands have no
-    separator), but not those inside a name (the 8 of fp8, the 16 of bf16)."""
-    return NUMBER.findall(text.replace("\\|", "|"))
-
-
 def value(number: str) -> float:
     return float(number.replace("−", "-"))
 
@@ -211,23 +203,10 @@ def rounds_to(quoted: str, source: str, scale: float = 1.0) -> bool:
     return abs(value(quoted) - value(source) * scale) < tolerance - 1e-9
 
 
-def share(number: str) -> bool:
-    """A share the README may quote as a percentage: strictly between 0 and 1, with at least two
-    decimals (0.291, 0.0266; not 0.0, a percentage already)."""
-    return 0 < abs(value(number)) < 1 and decimals(number) >= 2
-
-
-def unquoted_numbers(quoted: str, source: str) -> list[str]:
-    """The numbers of a README cell that no number of the committed table's cell gives: the same
-    number rounded, or a share written as a percentage (0.291 -> 29 %). A resync count (F9's
-    `5, 2, 2 times`) is the length of each run's list of resync steps in the table (`12, 16, ... | 25, 31`)."""
-    sources = numbers(source)
-    counts = [str(len(group.split(","))) for group in source.split("|")] if "|" in source else []
-    return [
-        q for q in numbers(quoted)
-        if not any(rounds_to(q, s) or (share(s) and rounds_to(q, s, 100)) for s in sources)
-        and q not in counts
-    ]
+def test_rounds_to_reads_two_roundings_of_one_value():
+    assert rounds_to("29", "0.291", 100) and not rounds_to("31", "0.291", 100)
+    assert rounds_to("31", "30.5") and rounds_to("0.65", "0.646") and rounds_to("2.30", "2.3")
+    assert not rounds_to("3.9", "3.8") and not rounds_to("0.85", "0.844")
 
 
 def table_rows(path: Path, header_start: str) -> list[list[str]]:
@@ -243,76 +222,57 @@ def table_rows(path: Path, header_start: str) -> list[list[str]]:
     return rows
 
 
-def findings_disagreements(readme_rows: list[list[str]], committed) -> list[str]:
-    """Where the README's findings table says other than paper_tables/findings.csv: each row's
-    numbers in the paper and replicate columns, and its verdict (bold dropped, an explanation after
-    ':' or '(' allowed)."""
-    by_id = committed.set_index("finding")
-    problems = []
-    for label, paper, first, second, verdict in readme_rows:
-        fid = label.split(":")[0]
-        if fid not in by_id.index:
-            problems.append(f"{fid}: no such finding in paper_tables/findings.csv")
+def test_every_generated_findings_block_is_what_findings_csv_gives():
+    """The README's and docs/results.md's findings count and table are written from
+    paper_tables/findings.csv (`python -m dlcrepro docs`): each block as the table gives it now."""
+    import pandas as pd
+
+    from dlcrepro import findings_docs as D
+
+    committed = pd.read_csv(FINDINGS_CSV)
+    stale = []
+    for page, method_link in D.pages(ROOT).items():
+        text = page.read_text(encoding="utf-8")
+        names = [m.group(2) for m in D.BLOCK.finditer(text)]
+        assert "findings-count" in names, f"{page.relative_to(ROOT)} should say the count in a generated block"
+        if D.rewrite(text, D.blocks(committed, method_link)) != text:
+            stale.append(str(page.relative_to(ROOT)))
+    assert not stale, f"generated blocks out of date in {stale}: run .venv/bin/python -m dlcrepro docs"
+    assert "findings-table" in [m.group(2) for m in D.BLOCK.finditer(README.read_text(encoding="utf-8"))]
+
+
+VERDICT_COUNT = re.compile(r"\b\d+ (?:seen|not seen|not replicated)\b")
+
+
+def test_no_page_counts_verdicts_outside_a_generated_block():
+    """One count: a verdict count typed by hand (README, docs/) would drift from findings.csv. The
+    lab notebook, docs/measurements.md, keeps dated counts of earlier studies and is left out."""
+    from dlcrepro import findings_docs as D
+
+    typed = []
+    for page in DOCS:
+        if page.name == "measurements.md":
             continue
-        row = by_id.loc[fid]
-        for column, quoted in (("paper", paper), ("seeds 0,1,2", first), ("seeds 3,4,5", second)):
-            for q in unquoted_numbers(quoted, row[column]):
-                problems.append(f"{fid}, {column}: README says {q} in {quoted!r}; the table: {row[column]!r}")
-        said = verdict.replace("**", "")
-        if not re.match(re.escape(row["seen"]) + r"($|[ :(,])", said):
-            problems.append(f"{fid}: README's verdict {said!r}, the table's {row['seen']!r}")
-    return problems
+        text = D.BLOCK.sub("", page.read_text(encoding="utf-8"))
+        typed += [f"{page.relative_to(ROOT)}: {m.group(0)!r}" for m in VERDICT_COUNT.finditer(" ".join(prose_lines(text)))]
+    assert not typed, "verdict counts outside generated blocks:\n" + "\n".join(typed)
 
 
-def readme_findings_rows() -> list[list[str]]:
-    return table_rows(README, "| | paper | seeds 0–2 | seeds 3–5 |")
-
-
-def test_readme_findings_table_agrees_with_the_committed_findings():
+def test_the_count_is_the_tables_and_a_changed_verdict_changes_it():
     import pandas as pd
+
+    from dlcrepro import findings_docs as D
 
     committed = pd.read_csv(FINDINGS_CSV)
-    rows = readme_findings_rows()
-    assert [r[0].split(":")[0] for r in rows] == committed["finding"].tolist()
-    problems = findings_disagreements(rows, committed)
-    assert not problems, "README.md's findings table and paper_tables/findings.csv disagree:\n" + "\n".join(problems)
-
-
-def test_the_findings_check_catches_a_changed_number_and_a_changed_verdict():
-    import pandas as pd
-
-    committed = pd.read_csv(FINDINGS_CSV)
-    rows = readme_findings_rows()
-    f3 = next(i for i, r in enumerate(rows) if r[0].startswith("F3:"))
-    changed = [list(r) for r in rows]
-    quoted = re.search(r"([\d.]+)×", changed[f3][2]).group(1)  # F3's first multiple, one unit of its last digit up
-    bumped = f"{value(quoted) + 10 ** -decimals(quoted):.{decimals(quoted)}f}"
-    changed[f3][2] = changed[f3][2].replace(quoted + "×", bumped + "×", 1)
-    assert findings_disagreements(changed, committed) == [
-        f"F3, seeds 0,1,2: README says {bumped} in {changed[f3][2]!r}; the table: {committed.set_index('finding').loc['F3', 'seeds 0,1,2']!r}"
-    ]
-    f8 = next(i for i, r in enumerate(rows) if r[0].startswith("F8:"))
-    changed = [list(r) for r in rows]
-    changed[f8][4] = "not seen" if committed.set_index("finding").loc["F8", "seen"] == "seen" else "**seen**"
-    assert len(findings_disagreements(changed, committed)) == 1
-    assert rounds_to("29", "0.291", 100) and not rounds_to("31", "0.291", 100)
-    assert rounds_to("31", "30.5") and rounds_to("0.65", "0.646") and rounds_to("2.30", "2.3")
-    assert not rounds_to("3.9", "3.8") and not rounds_to("0.85", "0.844")
-    assert numbers("fp8 mean |δ| 0.0237/0.0217, bf16/pg −1.2 [-14.3, +8.4]") == ["0.0237", "0.0217", "−1.2", "-14.3", "+8.4"]
-    assert unquoted_numbers("1.89× [1.19, 2.89], 3.9 %", "✗ 1.89x [1.19, 2.89], accuracy 3.8 % [0.0, 6.4]") == ["3.9"]
-    assert unquoted_numbers("5, 2, 2 times (first at 12, 25, 28)", "✓ 12, 16, 27, 28, 30 | 25, 31 | 28, 33") == []
-    assert unquoted_numbers("4, 2, 2 times", "✓ 12, 16, 27, 28, 30 | 25, 31 | 28, 33") == ["4"]
-
-
-def test_readme_counts_the_committed_verdicts():
-    import pandas as pd
-
-    verdicts = pd.read_csv(FINDINGS_CSV)["seen"].value_counts()
-    m = re.search(r"(\d+) findings checked: (\d+) seen, (\d+) not replicated, (\d+) not seen", README.read_text(encoding="utf-8"))
-    assert m, "README.md's status table should count the findings: 'N findings checked: a seen, b not replicated, c not seen'"
-    assert [int(x) for x in m.groups()] == [
-        int(verdicts.sum()), int(verdicts.get("seen", 0)), int(verdicts.get("not replicated", 0)), int(verdicts.get("not seen", 0))
-    ]
+    text = D.count_text(committed)
+    m = re.fullmatch(r"(\d+) findings checked: (\d+) seen, .*", text)
+    assert m and int(m.group(1)) == len(committed) and int(m.group(2)) == int((committed["seen"] == "seen").sum())
+    changed = committed.copy()
+    changed.loc[changed["finding"] == "F3", "seen"] = "seen on one machine"
+    assert D.count_text(changed) != text and "1 seen on one machine" in D.count_text(changed)
+    page = "x <!-- begin findings-count -->" + text + "<!-- end findings-count --> y"
+    assert D.rewrite(page, D.blocks(changed, "m.md")) != page
+    assert D.category("not seen (seeds 3,4,5 not run)") == "not seen" and D.category("seen on 2 of 3 machines") == "seen on k of n machines"
 
 
 def test_results_zoo_table_agrees_with_the_committed_zoo():
@@ -322,6 +282,9 @@ def test_results_zoo_table_agrees_with_the_committed_zoo():
     import pandas as pd
 
     zoo = pd.read_csv(ZOO_CSV).set_index(["sampler", "correction"])
+    # the final accuracy's column, named by its measure ("RL-pool accuracy (sampled), final (mean [95 % CI])";
+    # "final (mean [95 % CI])" in a table written before accuracies were named)
+    final_column = next(c for c in zoo.columns if c.endswith("final (mean [95 % CI])"))
     rows = table_rows(RESULTS, "| correction | `bf16` | `fp8` | `stale` | `fp8_stale` |")
     samplers = ["bf16", "fp8", "stale", "fp8_stale"]
     named = {name for row in rows for name in re.findall(r"`(\w+)`", row[0])}  # '`pg` (= `ppo`)' names both
@@ -334,19 +297,21 @@ def test_results_zoo_table_agrees_with_the_committed_zoo():
             twin = re.fullmatch(r"\(= `(\w+)`\)", cell)
             if twin:
                 other = zoo.loc[(sampler, twin.group(1))]  # the same runs; intervals differ (each cell its own stream)
-                same = ("final (mean [95 % CI])", "mean")
+                same = (final_column, "mean")
                 if [str(row[c]).split(" ")[0] for c in same] != [str(other[c]).split(" ")[0] for c in same]:
                     problems.append(f"{sampler}/{correction}: not the numbers of {twin.group(1)}")
                 continue
-            m = re.fullmatch(r"(?:\*\*)?(\d+) % · ([\d.,]+)×(?:\*\*)?(?:, drops (\d+) %)?(?:, (\d) of \d diverged)?", cell)
+            m = re.fullmatch(r"(?:\*\*)?(\d+) % · ([\d.,]+)×(?:\*\*)?(?:, drops (\d+) %)?(?:, † (\d) of \d diverged \(steps? ([\d, ]+)\))?", cell)
             if not m:
                 problems.append(f"{sampler}/{correction}: cannot read {cell!r}")
                 continue
-            accuracy, multiple, dropped, diverged = m.groups()
+            accuracy, multiple, dropped, diverged, at = m.groups()
             multiple = multiple.replace(",", "")
             if int(diverged or 0) != str(row["diverged"]).count("seed"):
                 problems.append(f"{sampler}/{correction}: {diverged or 0} diverged, the table {row['diverged']!r}")
-            final = row["final (mean [95 % CI])"].split(" ")[0]
+            if at and [int(x) for x in at.split(",")] != [int(x) for x in re.findall(r"at step (\d+)", str(row["diverged"]))]:
+                problems.append(f"{sampler}/{correction}: diverged at steps {at}, the table {row['diverged']!r}")
+            final = row[final_column].split(" ")[0]
             if not rounds_to(accuracy, final, 100):
                 problems.append(f"{sampler}/{correction}: accuracy {accuracy} %, the table {final}")
             if not rounds_to(multiple, repr(float(row["mean"]))):

@@ -83,17 +83,64 @@ def test_a_copied_cell_is_named_in_the_legend_and_drawn_hollow_over_its_source()
     hollow = [ln for ln in bf16.get_lines() if ln.get_markerfacecolor() == "none"]
     assert len(hollow) == 2  # ppo and dlc, drawn after (over) pg and is_center
     assert all(ln.get_zorder() > 2 and ln.get_linestyle() == "None" for ln in hollow)  # markers only: the source's line shows
-    assert len(bf16.collections) == 2  # a band for pg and is_center; their copies' bands would be the same
+    thin = [ln for ln in bf16.get_lines() if ln.get_linewidth() == 0.6]
+    assert len(thin) == 4  # a thin line per seed for pg and is_center; their copies' would be the same lines
 
 
-def test_the_title_states_the_seed_count_and_a_band_spans_the_seeds():
+def thin_lines(ax) -> list:
+    return [ln for ln in ax.get_lines() if ln.get_linewidth() == 0.6]
+
+
+def test_the_title_states_the_seed_count_and_every_seed_is_a_thin_line():
     steps, runs = study([("bf16", "pg"), ("stale", "is")], seeds=(0, 1, 2))
     fig = F.noise_floor(steps, runs)
-    assert "mean over 3 seeds per cell, band: their range" in title(fig)
-    assert all(ax.collections for ax in fig.axes)  # the seeds' dev differ: a band in each panel
+    assert "mean over the finished runs of 3 seeds per cell, thin lines: each seed" in title(fig)
+    assert "band" not in title(fig) and not any(ax.collections for ax in fig.axes)  # no min–max shading
+    assert all(len(thin_lines(ax)) == 3 for ax in fig.axes)
     one, runs1 = study([("bf16", "pg")], seeds=(0,))
     fig1 = F.accuracy(one, runs1)
-    assert "1 seed per cell, no band" in title(fig1) and not fig1.axes[0].collections
+    assert "1 seed per cell" in title(fig1) and not thin_lines(fig1.axes[0])
+
+
+def test_a_diverged_run_ends_in_a_cross_and_moves_neither_the_mean_nor_the_axis():
+    steps, runs = study([("stale", "is")], seeds=(0, 1, 2))
+    blown = (steps["seed"] == 2) & (steps["step"] == 3)
+    steps.loc[blown, ["dev", "dev_ratio"]] = 1e6  # seed 2 blows up at step 3 and diverges at step 4: no row
+    steps = steps.loc[~((steps["seed"] == 2) & (steps["step"] == 4))]
+    runs["diverged_at_step"] = [4.0 if k == 2 else NAN for k in runs["seed"]]
+    fig = F.noise_floor(steps, runs)
+    ax = fig.axes[0]
+    crosses = [a for a in ax.get_children() if isinstance(a, F.Line2D) and a.get_marker() == "x"]
+    assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [3]
+    assert ax.get_ylim()[1] < 1e3  # the blown-up step sets no axis limit
+    mean = next(ln for ln in ax.get_lines() if ln.get_linewidth() == 1.4)
+    assert max(mean.get_ydata()) < 10  # nor the mean
+    assert "× a diverged run" in title(fig)
+
+
+def test_the_papers_values_are_marked_where_a_figure_shows_what_it_reports():
+    steps, runs = study([("bf16", "pg"), ("stale", "is"), ("stale", "dlc")])
+    nf = F.noise_floor(steps, runs)
+    stale = next(ax for ax in nf.axes if ax.get_title().endswith("/ stale"))
+    diamonds = sorted(float(ln.get_ydata()[0]) for ln in stale.get_lines() if ln.get_marker() == "D")
+    assert diamonds == [1.9, 115.0]  # F8 (dlc) and F10 (is)
+    ess = F.ess(steps, runs)
+    assert sorted(ln.get_xdata()[0] for ax in ess.axes for ln in ax.get_lines() if ln.get_color() == F.PAPER_COLOUR) == [11, 14]
+
+
+def test_the_summary_figure_sets_each_finding_beside_the_paper():
+    from dlcrepro import findings as FD
+
+    steps, runs = study([("bf16", "pg"), ("fp8", "pg"), ("fp8", "center"), ("stale", "is"), ("stale", "dlc")], seeds=(0, 1, 2, 3))
+    runs["initial_test_accuracy"], runs["resync_steps"] = 0.1, "[]"
+    table = FD.findings_table(steps, runs, [[0, 1], [2, 3]], n_boot=50)
+    fig = F.findings(table)
+    grid, forest = fig.axes[:2]
+    texts = [t.get_text() for t in grid.texts]
+    assert sum(t.startswith(("F", "R:", "M:")) and ":" in t for t in texts) == len(FD.FINDINGS)
+    assert all(v in texts for v in table["seen"])
+    assert [t.get_text() for t in forest.get_yticklabels()] == ["F3", "F5", "F6", "F7", "F8", "F10"]
+    assert any(ln.get_marker() == "D" and ln.get_xdata()[0] == 13.0 for ln in forest.get_lines())  # the paper's F3
 
 
 @pytest.mark.parametrize("name", list(F.FIGURES))
@@ -106,7 +153,7 @@ def test_every_figure_has_a_title_with_its_seed_count(name):
 def test_reference_lines_are_labelled_in_the_legend():
     steps, runs = study([("bf16", "pg"), ("stale", "is")])
     for fig, want in ((F.noise_floor(steps, runs), {"1× floor", "2× floor"}), (F.ess(steps, runs), {"ESS 1/2"})):
-        flat = {ln.get_label() for ax in fig.axes for ln in ax.get_lines() if len(set(ln.get_ydata())) == 1}
+        flat = {ln.get_label() for ax in fig.axes for ln in ax.get_lines() if len(ln.get_xdata()) > 1 and len(set(ln.get_ydata())) == 1}
         assert flat == want  # every horizontal line carries its name
         assert all(any(t.startswith(w) for t in legend_texts(fig)) for w in want)
 
@@ -127,13 +174,13 @@ def test_the_accuracy_axis_says_what_is_measured():
     steps, runs = study([("bf16", "pg")])
     runs = runs.assign(eval_on="pool", eval_mode="sampled", eval_samples=8, eval_problems=64)
     fig = F.accuracy(steps, runs)
-    want = "sampled accuracy on the RL pool (64 problems, 8 answers each at T = 1)"
-    assert fig.axes[0].get_ylabel().replace("\n", " ") == want and want in title(fig)
+    want = "RL-pool accuracy (sampled): 64 problems, 8 answers each at T = 1"
+    assert fig.axes[0].get_ylabel().startswith("RL-pool accuracy (sampled)") and want in title(fig)
     held = runs.assign(eval_on="test", eval_mode="greedy", eval_problems=256)
-    assert A.eval_measure(steps, held) == "greedy accuracy on the held-out test set (256 problems, one greedy answer each)"
+    assert A.eval_measure(steps, held) == "held-out accuracy (greedy): 256 problems, one greedy answer each"
     # a runs table collected before it recorded the setting: read off the steps table
     assert A.eval_measure(steps, runs.drop(columns=["eval_on", "eval_mode", "eval_samples", "eval_problems"])) == \
-        "sampled accuracy on the RL pool"
+        "RL-pool accuracy (sampled)"
     steps.loc[:, "heldout_accuracy_greedy"] = NAN
     steps["accuracy_greedy"] = steps["test_accuracy"]
-    assert A.eval_measure(steps, None) == "test accuracy (train.eval_on / eval_mode not recorded)"  # both columns repeat it
+    assert A.eval_measure(steps, None) == "test accuracy: train.eval_on / eval_mode not recorded"  # both columns repeat it

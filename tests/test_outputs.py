@@ -29,16 +29,21 @@ def test_each_output_is_listed_once_with_a_caption():
 
 
 def test_every_listed_figure_is_drawn_and_every_figure_function_is_listed():
-    """A figure function: one of figures.py's public functions returning a Figure from the steps."""
+    """A figure function: one of figures.py's public functions returning a Figure from the steps
+    (and runs) or from the findings table, named by its first parameter."""
     from dlcrepro import figures as F
 
-    functions = {
-        name for name, f in vars(F).items()
-        if inspect.isfunction(f) and f.__module__ == F.__name__ and not name.startswith("_")
-        and inspect.signature(f).return_annotation in ("Figure", F.Figure) and next(iter(inspect.signature(f).parameters)) == "steps"
-    }
-    assert functions == {o.name for o in outputs.FIGURES}
-    assert list(F.FIGURES) == [o.name for o in outputs.FIGURES]
+    def figure_functions(first):
+        return {
+            name for name, f in vars(F).items()
+            if inspect.isfunction(f) and f.__module__ == F.__name__ and not name.startswith("_")
+            and inspect.signature(f).return_annotation in ("Figure", F.Figure) and next(iter(inspect.signature(f).parameters)) == first
+        }
+
+    assert figure_functions("steps") == {o.name for o in outputs.FIGURES if o.reads == "runs"}
+    assert figure_functions("findings") == {o.name for o in outputs.FIGURES if o.reads == "findings"} == {"findings"}
+    assert {o.reads for o in outputs.FIGURES} == {"runs", "findings"}
+    assert list(F.FIGURES) == [o.name for o in outputs.FIGURES if o.reads == "runs"]
 
 
 def test_every_listed_table_has_its_caption_in_the_tables():

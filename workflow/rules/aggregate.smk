@@ -31,6 +31,7 @@ rule tables:
     input:
         steps=f"{AGG}/steps.parquet",
         runs=f"{AGG}/runs.parquet",
+        other_machines=other_machine_findings(),
     output:
         reported_files(outputs.TABLES, TABLES),
     log:
@@ -41,15 +42,17 @@ rule tables:
         python=PYTHON,
         out=output_parent,
         replicates=replicate_args(),
+        other_machines=other_machine_args(other_machine_findings()),
     shell:
         "{params.python} -m dlcrepro tables --steps {input.steps} --runs {input.runs} --out {params.out} "
-        "{params.replicates} > {log} 2>&1"
+        "{params.replicates} {params.other_machines} > {log} 2>&1"
 
 
 rule figures:
     input:
         steps=f"{AGG}/steps.parquet",
         runs=f"{AGG}/runs.parquet",
+        findings=f"{TABLES}/findings.csv",  # the summary figure, findings.png, is drawn from the findings table
     output:
         reported_files(outputs.FIGURES, FIGURES),
     log:
@@ -60,4 +63,5 @@ rule figures:
         python=PYTHON,
         out=output_parent,
     shell:
-        "{params.python} -m dlcrepro figures --steps {input.steps} --runs {input.runs} --out {params.out} > {log} 2>&1"
+        "{params.python} -m dlcrepro figures --steps {input.steps} --runs {input.runs} --findings {input.findings} "
+        "--out {params.out} > {log} 2>&1"

@@ -432,3 +432,17 @@ def stopped_message():
             f"Stopped on {STOPPED_BY[0]}: no job and no fork server of this run is left running, and its "
             "lock is released. To go on, rerun the same command: each cell resumes from its last checkpoint."
         )
+
+
+# ----------------------------------------------------------------------------- findings from other CPU kinds
+
+
+def other_machine_findings():
+    """findings.csv files of this grid computed on other kinds of CPU, committed under
+    <tables_dir>/other_machines/ (docs/method.md#findings-and-replicates): the tables job reads their
+    verdicts, so a finding seen on one kind only reads "seen on one machine"."""
+    return sorted(str(p) for p in Path(TABLES).glob("other_machines/*.csv"))
+
+
+def other_machine_args(files):
+    return ("--other-machines " + " ".join(shlex.quote(f) for f in files)) if files else ""

@@ -1,0 +1,117 @@
+"""The pages' findings, written from paper_tables/findings.csv: one count and one table everywhere.
+
+The README and docs/results.md hold generated blocks between `<!-- begin NAME ... -->` and
+`<!-- end NAME -->`; `python -m dlcrepro docs` rewrites them from the committed findings table (after
+the study's tables are written), and tests/test_docs.py fails where a block differs from what the
+table gives. So a count of verdicts is never typed by hand: a page says what findings.csv says.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+
+from .util import atomic_write_text
+
+# verdict categories in the order a count lists them (findings.verdict, findings.across_machines)
+CATEGORIES = ("seen", "seen on one machine", "seen on k of n machines", "holds in 1 replicate", "not replicated", "not seen", "cannot tell")
+BLOCK = re.compile(r"(<!-- begin ([\w-]+)[^>]*-->)(.*?)(<!-- end \2 -->)", re.S)
+GENERATED_BY = "generated from paper_tables/findings.csv by python -m dlcrepro docs; do not edit"
+
+
+def category(verdict: str) -> str:
+    """A verdict's category: "not seen (seeds 3,4,5 not run)" -> "not seen"."""
+    v = str(verdict).split(" (")[0]
+    return "seen on k of n machines" if re.fullmatch(r"seen on \d+ of \d+ machines", v) else v
+
+
+def replicate_columns(findings: pd.DataFrame) -> list[str]:
+    return [c for c in findings.columns if c.startswith("seeds ") and not c.endswith((" value", " low", " high"))]
+
+
+def count_text(findings: pd.DataFrame) -> str:
+    """"15 findings checked: 8 seen, 0 not replicated, 7 not seen" (other categories where present)."""
+    n = Counter(category(v) for v in findings["seen"])
+    always = ("seen", "not replicated", "not seen")
+    parts = [f"{n.get(c, 0)} {c}" for c in CATEGORIES if c in always or n.get(c)]
+    return f"{len(findings)} findings checked: " + ", ".join(parts)
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def rules_text(findings: pd.DataFrame) -> str:
+    """Which rules and which machine the verdicts come from."""
+    rules = sorted(set(findings["rules"].astype(str))) if "rules" in findings else []
+    machine = sorted(set(findings["machine"].astype(str))) if "machine" in findings else []
+    others = sorted(set(findings["other machines"].astype(str))) if "other machines" in findings else []
+    r = ("rules of commit " + ", ".join(f"`{x}`" for x in rules)) if rules else \
+        "rules from before the rules for the rerun (the table records no commit: written before `findings.RULES_COMMIT`)"
+    m = f"computed on {', '.join(machine)}" if machine else "CPU kind not recorded"
+    o = "; other CPU kinds: " + ("none compared" if others in ([], ["none compared"]) else "see the table's `other machines` column")
+    return f"Verdicts by the {r} ([method.md](METHOD#findings-and-replicates)), {m}{o}."
+
+
+def table_text(findings: pd.DataFrame, with_rule: bool = False) -> str:
+    """The findings table in Markdown: the finding, the paper's value, each replicate's ✓/✗ and
+    numbers as findings.csv has them, the verdict (bold where seen)."""
+    reps = replicate_columns(findings)
+    head = ["", "paper", *(["rule"] if with_rule else []), *reps, "verdict"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, r in findings.iterrows():
+        label = f"{r['finding']}: {r['what']}" + (f" ({r['model']})" if findings["model"].nunique() > 1 else "")
+        verdict = f"**{r['seen']}**" if category(r["seen"]) == "seen" else str(r["seen"])
+        cells = [label, r["paper"], *([r["rule"]] if with_rule else []), *(r[c] for c in reps), verdict]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def by_verdict_text(findings: pd.DataFrame) -> str:
+    """"Seen: R, M, F4. Not seen: F2, F3." in the order of CATEGORIES."""
+    groups: dict[str, list[str]] = {}
+    for _, r in findings.iterrows():
+        groups.setdefault(category(r["seen"]), []).append(str(r["finding"]))
+    return " ".join(f"{c[0].upper() + c[1:]}: {', '.join(groups[c])}." for c in CATEGORIES if c in groups)
+
+
+def blocks(findings: pd.DataFrame, method_link: str) -> dict[str, str]:
+    """Every generated block's text by name (what goes between its begin and end markers)."""
+    rules = rules_text(findings).replace("METHOD", method_link)
+    return {
+        "findings-count": count_text(findings),
+        "findings-table": f"\n{rules}\n\n{table_text(findings)}\n\n{by_verdict_text(findings)}\n",
+        "findings-table-full": f"\n{rules}\n\n{table_text(findings, with_rule=True)}\n",
+    }
+
+
+def rewrite(text: str, generated: dict[str, str]) -> str:
+    """`text` with each generated block's content replaced; a block of unknown name is an error."""
+    def one(m: re.Match) -> str:
+        name = m.group(2)
+        if name not in generated:
+            raise KeyError(f"a generated block named {name!r}; known: {sorted(generated)}")
+        return m.group(1) + generated[name] + m.group(4)
+
+    return BLOCK.sub(one, text)
+
+
+def pages(root: Path) -> dict[Path, str]:
+    """The pages with generated blocks and the link from each to docs/method.md."""
+    return {root / "README.md": "docs/method.md", root / "docs" / "results.md": "method.md"}
+
+
+def update(root: Path, findings_csv: Path) -> list[Path]:
+    """Rewrite every page's generated blocks from `findings_csv`; the pages that changed."""
+    findings = pd.read_csv(findings_csv)
+    changed = []
+    for page, method_link in pages(root).items():
+        text = page.read_text(encoding="utf-8")
+        new = rewrite(text, blocks(findings, method_link))
+        if new != text:
+            atomic_write_text(page, new)
+            changed.append(page)
+    return changed

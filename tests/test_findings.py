@@ -1,0 +1,134 @@
+"""The findings' rules on hand-made studies whose answers are known: agreement needs the whole
+interval inside a stated margin, F7 reads the paper's PPO (several SGD steps per batch), a diverged
+run cannot vouch for F8, and a finding seen on one kind of CPU only reads "seen on one machine"."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dlcrepro import findings as F
+
+NAN = math.nan
+
+
+def study(cells: dict[tuple[str, str], dict], seeds=(0, 1, 2)) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """4 steps per run, a probe at every step; `cells[(sampler, correction)]` gives per-seed lists:
+    `final` accuracy, `dev` (the floor is 1, so M is the mean dev), `diverged` step (NaN: none)."""
+    steps, runs = [], []
+    for (sampler, correction), spec in cells.items():
+        for i, k in enumerate(seeds):
+            final = spec.get("final", [0.4] * len(seeds))[i]
+            dev = spec.get("dev", [1.0] * len(seeds))[i]
+            steps.append(pd.DataFrame(dict(model="m", sampler=sampler, correction=correction, seed=k, step=[1, 2, 3, 4],
+                                           dev=[dev] * 4, floor=[1.0] * 4, dev_ratio=[dev] * 4, ess_lag=1.0, ess_lag_presync=NAN,
+                                           ess_lag_gauss=1.0, test_accuracy=[NAN, 0.3, NAN, final], off_support=0.0,
+                                           kl_sampler=0.0, resync=0)))
+            runs.append(dict(model="m", sampler=sampler, correction=correction, seed=k, final_test_accuracy=final,
+                             initial_test_accuracy=0.25, resync_steps=json.dumps([]), computed_as="",
+                             diverged_at_step=spec.get("diverged", [NAN] * len(seeds))[i]))
+    return pd.concat(steps, ignore_index=True), pd.DataFrame(runs)
+
+
+def rule(steps, runs, fn) -> F.Result:
+    return fn(F.replicate_context(steps, runs, n_boot=400))
+
+
+def test_f4_holds_only_when_the_whole_paired_interval_is_inside_the_margin():
+    ref = [0.40, 0.50, 0.45]
+    # centring within 1-2 points of the reference in every seed: interval well inside ±10 points
+    close = rule(*study({("bf16", "pg"): {"final": ref}, ("fp8", "center"): {"final": [0.41, 0.49, 0.46]}}),
+                 F.f4_fp8_center_matches_on_policy)
+    assert close.holds is True and -10 < close.low <= close.value <= close.high < 10
+    # differences -20, +5, +10 points: the interval holds 0 (the old rule's "seen") but reaches past -10
+    wide = rule(*study({("bf16", "pg"): {"final": ref}, ("fp8", "center"): {"final": [0.20, 0.55, 0.55]}}),
+                F.f4_fp8_center_matches_on_policy)
+    assert wide.low < 0 < wide.high and wide.low < -10
+    assert wide.holds is False
+    assert "margin ±10" in wide.text
+
+
+def test_f7_reads_the_paper_ppo_with_several_sgd_steps_not_ppo_which_is_pg():
+    assert F.PAPER_PPO == "ppo_multi"
+    from dlcrepro.config import TrainConfig
+    from dlcrepro.grid import computed_as
+    from dlcrepro.registry import updates_per_batch
+
+    assert computed_as("stale", "ppo", TrainConfig())[0] == "pg"  # one SGD step: pg's run, a copy
+    assert computed_as("stale", F.PAPER_PPO, TrainConfig())[0] == F.PAPER_PPO and updates_per_batch(F.PAPER_PPO, TrainConfig()) > 1
+    f7 = next(f for f in F.FINDINGS if f.id == "F7")
+    only_ppo = rule(*study({("stale", "ppo"): {"dev": [50.0] * 3}}), f7.rule)
+    assert only_ppo == F.NOT_IN_GRID  # pg's copy under the name ppo is not the paper's PPO
+    multi = rule(*study({("stale", "ppo_multi"): {"dev": [50.0] * 3, "diverged": [3, NAN, 4]}}), f7.rule)
+    assert multi.holds is True and multi.value == pytest.approx(50.0)
+    assert "2 of 3 runs diverged (steps 3, 4)" in multi.text
+
+
+def test_f8_needs_the_whole_interval_at_or_below_two_and_no_diverged_run():
+    within = rule(*study({("stale", "dlc"): {"dev": [1.2, 1.5, 1.1]}}), F.f8_dlc_within_two)
+    assert within.holds is True and within.high <= 2
+    above = rule(*study({("stale", "dlc"): {"dev": [1.2, 1.5, 3.0]}}), F.f8_dlc_within_two)
+    assert above.holds is False and above.high > 2
+    # the same low M, but one run diverged at step 3: its M stops there and cannot vouch for the run
+    truncated = rule(*study({("stale", "dlc"): {"dev": [1.2, 1.5, 1.1], "diverged": [NAN, 3, NAN]}}), F.f8_dlc_within_two)
+    assert truncated.high <= 2 and truncated.holds is False
+    assert "1 of 3 runs diverged (step 3)" in truncated.text
+
+
+def test_the_findings_table_carries_each_replicates_headline_number_the_machine_and_the_rules_commit():
+    steps, runs = study({("bf16", "pg"): {"final": [0.40, 0.50, 0.45, 0.45]}, ("fp8", "pg"): {"dev": [3.0] * 4},
+                         ("fp8", "center"): {"dev": [1.0] * 4, "final": [0.41, 0.49, 0.46, 0.45]}}, seeds=(0, 1, 2, 3))
+    t = F.findings_table(steps, runs, [[0, 1], [2, 3]], n_boot=100, machine="x86-64 AVX2").set_index("finding")
+    assert t.loc["F3", "seeds 0,1 value"] == pytest.approx(3.0) and t.loc["F3", "paper value"] == 13.0
+    assert t.loc["F3", "unit"] == "x floor" and t.loc["F3", "seen"] == "seen"
+    assert (t["machine"] == "x86-64 AVX2").all()
+    assert (t["rules"] == (F.RULES_COMMIT or "uncommitted")).all()
+    assert np.isnan(t.loc["F5", "seeds 0,1 value"])  # not in this grid: no number
+
+
+def test_cpu_kind_names_the_instruction_sets_kernels_are_chosen_by():
+    assert F.cpu_kind("flags\t\t: fpu sse avx2 fma\n") == "x86-64 AVX2"
+    assert F.cpu_kind("flags\t\t: fpu avx2 avx512f avx512bw\n") == "x86-64 AVX-512"
+    assert F.cpu_kind("flags\t\t: avx2 avx512f amx_tile amx_bf16\n") == "x86-64 AVX-512 + AMX"
+
+
+def findings_of(machine: str, seen: dict[str, str], rules: str = "abc1234") -> pd.DataFrame:
+    return pd.DataFrame({"finding": list(seen), "model": "tiny", "seen": list(seen.values()), "machine": machine, "rules": rules})
+
+
+def test_a_finding_seen_on_one_cpu_kind_and_not_another_is_seen_on_one_machine():
+    here = findings_of("x86-64 AVX2", {"R": "seen", "F1": "not seen", "F8": "seen", "F2": "not seen"})
+    there = findings_of("x86-64 AVX-512", {"R": "seen", "F1": "seen", "F8": "not replicated", "F2": "not seen"})
+    out = F.across_machines(here, [there]).set_index("finding")
+    assert out.loc["R", "seen"] == "seen" and out.loc["F2", "seen"] == "not seen"
+    assert out.loc["F1", "seen"] == F.SEEN_ON_ONE_MACHINE == out.loc["F8", "seen"]
+    assert out.loc["F8", "other machines"] == "x86-64 AVX-512: not replicated"
+    # a table made under other rules is named, never counted
+    stale_rules = F.across_machines(here, [findings_of("x86-64 AVX-512", {"F1": "seen"}, rules="0000000")]).set_index("finding")
+    assert stale_rules.loc["F1", "seen"] == "not seen"
+    assert "rules 0000000 differ, not compared" in stale_rules.loc["F1", "other machines"]
+    # no other machine: this machine's verdicts, said so
+    alone = F.across_machines(here, [])
+    assert alone["seen"].tolist() == here["seen"].tolist() and (alone["other machines"] == "none compared").all()
+
+
+def test_the_rules_commit_is_the_one_whose_message_says_so():
+    """findings.RULES_COMMIT, once filled, names a commit of this history whose message starts
+    "Rules for the rerun:" and which changed dlcrepro/findings.py."""
+    import shutil
+    import subprocess
+
+    from conftest import ROOT
+
+    if not F.RULES_COMMIT:
+        pytest.skip("RULES_COMMIT not filled yet (the commit after the rules fills it)")
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("no git history here")
+    show = subprocess.run(["git", "show", "--no-patch", "--format=%s", F.RULES_COMMIT], cwd=ROOT, capture_output=True, text=True)
+    if show.returncode != 0:
+        pytest.skip(f"commit {F.RULES_COMMIT} not in this clone (shallow?)")
+    assert show.stdout.startswith("Rules for the rerun:")
+    files = subprocess.run(["git", "show", "--name-only", "--format=", F.RULES_COMMIT], cwd=ROOT, capture_output=True, text=True).stdout
+    assert "dlcrepro/findings.py" in files.split()
