@@ -11,6 +11,7 @@ and bounds for Snakemake; tests/test_config.py fails where the two disagree.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ import yaml
 
 from .grid import SAMPLERS
 from .registry import CORRECTION_INFO
-from .tracking import BACKENDS, EXTRA, missing_packages
+from .tracking import BACKENDS, EXTRA, missing_packages, resolved
 
 
 class ConfigError(ValueError):
@@ -533,3 +534,12 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
 
 def to_dict(cfg: Config) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
+
+
+def tracking_for_jobs(section: dict | None, results_dir: str, name: str) -> str | None:
+    """The workflow's `tracking` section as the JSON its training jobs read from $DLCREPRO_TRACKING
+    (tracking.ENV), validated and resolved (`tracking.resolved`) against the study's `results_dir`
+    and `name` (the jobs' own configs do not carry the results directory); None when no backend is
+    named. Here, not in tracking.py, so that tracking.py never imports this module."""
+    tc = _build(TrackingConfig, dict(section or {}), "tracking")
+    return json.dumps(dataclasses.asdict(resolved(tc, results_dir, name)), sort_keys=True) if tc.backends else None

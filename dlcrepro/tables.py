@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import analysis as A
+from . import outputs
 from .findings import across_machines, findings_table, replicates_not_run
 from .util import atomic_write_text
 
@@ -372,7 +373,7 @@ def absent(df: pd.DataFrame, why: str) -> pd.DataFrame:
 
 def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 1000, replicates: list[list[int]] | None = None,
               other_machines: list[pd.DataFrame] | None = None) -> dict[str, pd.DataFrame]:
-    """Every table into `out`; `other_machines`: findings tables of the same grid from other CPU
+    """Every table outputs.TABLES lists into `out`, in its order; `other_machines`: findings tables of the same grid from other CPU
     kinds, whose verdicts turn a finding seen on one kind only into "seen on one machine"."""
     out = Path(out)
     pr = A.per_run(steps, runs)
@@ -390,9 +391,13 @@ def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 
         "findings": across_machines(findings_table(steps, runs, replicates, n_boot), other_machines or []),
         "zoo": zoo_table(steps, pr, n_boot, name),
     }
-    for name, df in t.items():
-        write_table(df, out, name, caption(name, df).replace("{measure}", A.eval_measure(steps, runs)))
-    return t
+    listed = [o.name for o in outputs.TABLES]  # the one list of outputs: what the workflow expects written
+    if set(t) != set(listed):
+        raise LookupError(f"dlcrepro/outputs.py lists the tables {sorted(set(listed) - set(t))} that tables.write_all does not build, "
+                          f"and write_all builds {sorted(set(t) - set(listed))} that the list lacks")
+    for name in listed:
+        write_table(t[name], out, name, caption(name, t[name]).replace("{measure}", A.eval_measure(steps, runs)))
+    return {name: t[name] for name in listed}
 
 
 def caption(name: str, df: pd.DataFrame) -> str:

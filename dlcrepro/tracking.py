@@ -373,16 +373,6 @@ def open_trackers(cfg: "Config", out: Path, note: Callable[[str], None], first_s
     return Trackers([BACKENDS[b](tc, first_step, ids.get(b, "")) for b in tc.backends], note, ids_file)
 
 
-def for_jobs(section: dict | None, results_dir: str, name: str) -> str | None:
-    """The workflow's `tracking` section as the JSON its training jobs read from $DLCREPRO_TRACKING,
-    resolved (`resolved`) against the study's `results_dir` and `name` (the jobs' own configs do
-    not carry the results directory); None when no backend is named."""
-    from .config import TrackingConfig, _build
-
-    tc = _build(TrackingConfig, dict(section or {}), "tracking")
-    return json.dumps(dataclasses.asdict(resolved(tc, results_dir, name)), sort_keys=True) if tc.backends else None
-
-
 def modules_to_preload(section: dict | None) -> list[str]:
     """The modules of the backends `section` names, for a process that forks jobs to import once."""
     return [m for b in (section or {}).get("backends", []) if b in BACKENDS for m in BACKENDS[b].modules]

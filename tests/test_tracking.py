@@ -23,7 +23,7 @@ import pytest
 from conftest import ROOT, SMOKE
 
 from dlcrepro import tracking
-from dlcrepro.config import ConfigError, load
+from dlcrepro.config import ConfigError, load, tracking_for_jobs
 
 # scripts/setup.sh installs them (the `tracking` extra); looked up, not imported
 pytestmark = pytest.mark.skipif(bool(tracking.missing_packages(list(tracking.BACKENDS))), reason="pip install 'dlcrepro[tracking]'")
@@ -189,11 +189,11 @@ def test_no_tracker_is_imported_until_a_run_starts_one():
 
 def test_the_workflow_hands_jobs_the_section_with_its_directories_under_the_results(monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    section = json.loads(tracking.for_jobs({"backends": ["wandb", "mlflow"]}, "res", "tiny"))
+    section = json.loads(tracking_for_jobs({"backends": ["wandb", "mlflow"]}, "res", "tiny"))
     res = Path("res").resolve()
     assert section["project"] == "dlcrepro-tiny" and section["wandb_dir"] == str(res / "_wandb")
     assert section["mlflow_uri"] == f"sqlite:///{res / '_mlflow.db'}" and section["tensorboard_dir"] == str(res / "_tensorboard")
-    assert tracking.for_jobs({"backends": []}, "res", "tiny") is None  # the tiny study: no tracker, no variable
+    assert tracking_for_jobs({"backends": []}, "res", "tiny") is None  # the tiny study: no tracker, no variable
 
 
 def test_a_resumed_run_replaces_the_steps_it_takes_again_in_tensorboard(tmp_path):
@@ -228,7 +228,7 @@ def train_script(cells: list[tuple[str, str]], model_dir: Path, results: Path, s
 def test_each_step_reaches_every_tracker_under_the_glossary_names_and_a_copy_logs_nothing(mlflow_server, tiny_model_dir, tmp_path):
     results = tmp_path / "results"
     # as the workflow hands it to its jobs: the study's section in the environment
-    section = tracking.for_jobs({"backends": ["tensorboard", "wandb", "mlflow"], "project": "watch", "mlflow_uri": mlflow_server.uri},
+    section = tracking_for_jobs({"backends": ["tensorboard", "wandb", "mlflow"], "project": "watch", "mlflow_uri": mlflow_server.uri},
                                 str(results), "smoke")
     env = {**os.environ, tracking.ENV: section, "WANDB_MODE": "offline"}
     mlflow_server.wait()

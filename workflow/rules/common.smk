@@ -15,6 +15,7 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 sys.path.insert(0, str(Path(workflow.basedir).resolve()))
 from dlcrepro import cluster, outputs, procs, tracking
 from dlcrepro.config import build as build_config
+from dlcrepro.config import tracking_for_jobs
 from dlcrepro.config import with_base
 from dlcrepro.grid import get_sampler
 from dlcrepro.paths import BUILT_HERE, REHEARSAL_DATASET, REHEARSAL_MODEL, cache_repo_dir, hf_hub_cache
@@ -40,8 +41,8 @@ HF_CACHE = hf_hub_cache().resolve()  # where hf models and parquet data are foun
 
 # config `tracking`: training jobs find the study's section, its directories resolved under
 # RESULTS, in their environment (as they find the fork server), not in their config file, a rule
-# param or shell text, whose changes would rerun every cell (dlcrepro/tracking.py).
-_TRACKING = tracking.for_jobs(
+# param or shell text, whose changes would rerun every cell (dlcrepro/tracking.py, config.tracking_for_jobs).
+_TRACKING = tracking_for_jobs(
     config.get("tracking"), RESULTS, config.get("name", "tiny")
 )
 if _TRACKING:
