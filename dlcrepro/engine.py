@@ -53,7 +53,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 import torch
 
-from . import manifest, quant
+from . import kernels, manifest, quant
 from .util import log
 from .config import EngineConfig
 
@@ -201,15 +201,17 @@ def _is_torch_fallback(fn) -> bool:
             and not code.co_freevars and "linear" in code.co_names)
 
 
-BF16_GEMM_CHOICE: dict[str, int] = {}  # this process's layers by the kernel chosen: for the engine's log line
+# the layers dispatched since the last engine start, by (weight dtype, kernel family: kernels.linear_kernel)
+LINEAR_KERNELS: dict[tuple[str, str], int] = {}
 
 
 def wrap_cpu_linear_dispatch() -> None:
     """Wrap vLLM's CPU linear dispatch (in this process, once): it first keeps the weight's row
     products for the load manifest (`manifest.record_row_products`: vLLM may then drop the weight
     into a packed kernel), and a BF16 layer vLLM leaves on the torch fallback computes with
-    `bf16_linear_fp32_sum` instead. The dispatch runs again at every weight reload, and so does the
-    wrapper."""
+    `bf16_linear_fp32_sum` instead; each layer's kernel family is counted (`LINEAR_KERNELS`) for the
+    engine's log line and its comparison with the kernel path (kernels.py). The dispatch runs again at
+    every weight reload, and so does the wrapper."""
     import vllm.model_executor.layers.utils as layer_utils
 
     if getattr(layer_utils.dispatch_cpu_unquantized_gemm, "dlcrepro_wrapped", False):
@@ -222,8 +224,9 @@ def wrap_cpu_linear_dispatch() -> None:
         fallback = layer.weight.dtype == torch.bfloat16 and _is_torch_fallback(getattr(layer, "cpu_linear", None))
         if fallback:
             layer.cpu_linear = bf16_linear_fp32_sum
-        key = "float32 sum of the BF16 products" if fallback else "vLLM's own"
-        BF16_GEMM_CHOICE[key] = BF16_GEMM_CHOICE.get(key, 0) + 1
+        if hasattr(layer, "cpu_linear"):
+            key = (str(layer.weight.dtype).removeprefix("torch."), kernels.linear_kernel(layer.cpu_linear))
+            LINEAR_KERNELS[key] = LINEAR_KERNELS.get(key, 0) + 1
 
     dispatch.dlcrepro_wrapped, dispatch.vllm_dispatch = True, vllm_dispatch
     layer_utils.dispatch_cpu_unquantized_gemm = dispatch
@@ -412,9 +415,15 @@ class VLLMEngine:
         if self.precision.native_transform is not None:  # say which FP8 path this run's numbers come from
             log(f"{precision} engine: " + ("vLLM's native block-FP8 kernels" if self.native else
                 "emulated FP8 (block-FP8 weights, FP8 activations and attention inputs, BF16 kernels)"))
-        if not self.on_gpu and BF16_GEMM_CHOICE:
-            log(f"{precision} engine's linear layers on this CPU: " + ", ".join(f"{v} {k}" for k, v in BF16_GEMM_CHOICE.items()))
-            BF16_GEMM_CHOICE.clear()
+        self.kernel_path = kernels.kernel_path(cfg.dtype)  # the node's kernels as the shared files name them
+        if not self.on_gpu and LINEAR_KERNELS:
+            log(f"{precision} engine's linear layers on this CPU ({self.kernel_path}): "
+                + ", ".join(f"{n} {family} ({dtype})" for (dtype, family), n in sorted(LINEAR_KERNELS.items())))
+            chosen = {family: n for (dtype, family), n in LINEAR_KERNELS.items() if dtype == cfg.dtype}
+            wrong = kernels.linear_kernel_mismatch(self.kernel_path, chosen)
+            if wrong:
+                log(f"warning: {wrong}")
+            LINEAR_KERNELS.clear()
         self.dtype = getattr(torch, cfg.dtype)
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self.eos_id = self.llm.llm_engine.model_config.hf_config.eos_token_id

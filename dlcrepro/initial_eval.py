@@ -29,12 +29,14 @@ EVAL_KEYS = ("eval_on", "eval_mode", "eval_samples", "pool_size")
 
 
 def identity(cfg: Config, model: str, seed: int, model_dir: Path) -> dict:
-    """Everything θ_0's evaluation depends on; a cell uses a file only if its own is the same."""
+    """Everything θ_0's evaluation depends on; a cell uses a file only if its own is the same. The model is
+    named by its weights' hash, not `model_dir`, and the node by its kernel path
+    (`stamped.model_and_kernels`)."""
     t = cfg.train_for(model)
     return {
         "format": FORMAT,
         "model": model,
-        "model_dir": str(model_dir),
+        **stamped.model_and_kernels(model_dir, cfg.engine.dtype),
         "seed": int(seed),
         "engine": to_dict(cfg.engine),
         "task": to_dict(cfg.task),

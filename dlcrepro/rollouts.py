@@ -29,12 +29,14 @@ FORMAT = 1  # bump when the file's layout changes
 
 
 def identity(cfg: Config, model: str, sampler: str, seed: int, model_dir: Path, topk: int) -> dict:
-    """Everything the shared rollouts depend on; a cell uses a file only if its own is the same."""
+    """Everything the shared rollouts depend on; a cell uses a file only if its own is the same. The model is
+    named by its weights' hash, not `model_dir`, and the node by its kernel path
+    (`stamped.model_and_kernels`)."""
     t = cfg.train_for(model)
     return {
         "format": FORMAT,
         "model": model,
-        "model_dir": str(model_dir),
+        **stamped.model_and_kernels(model_dir, cfg.engine.dtype),
         "sampler": sampler,
         "seed": int(seed),
         "topk": int(topk),

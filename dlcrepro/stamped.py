@@ -2,7 +2,9 @@
 checked on every load, so that a file of another run is refused, naming what differs.
 
 Three kinds use it: a run's checkpoint (its sidecar names the run: checkpoint.py), a lagged
-sampler's shared rollouts (rollouts.py) and a seed's θ_0 evaluation (initial_eval.py). An identity
+sampler's shared rollouts (rollouts.py) and a seed's θ_0 evaluation (initial_eval.py). The two shared
+files, which stand in for an engine's output, name their model by its weights' hash and the node's
+kernel path (`model_and_kernels`). An identity
 is a dict of plain values (a config section as `to_dict` gives it, names, numbers); it is compared
 as it reads back from JSON (`normal`), so a tuple written is the list read.
 """
@@ -37,13 +39,33 @@ def differing_keys(got: dict, want: dict, skip: tuple[str, ...] = ()) -> list[st
     return sorted(k for k in set(got) | set(want) if k not in skip and got.get(k) != want.get(k))
 
 
+# what a differing key means where it is not the run's own settings
+WHY = {
+    "kernel_path": "it was computed on a node with other kernels: run this cell on such a node, or",
+    "weights": "it was computed from other weights (a model directory by content: weights.py):",
+}
+
+
 def require_same(path: Path, got: dict, want: dict, what: str, skip: tuple[str, ...] = ()) -> None:
     """A ConfigError if the file at `path` was stamped `got` and this run wants `want` (but `skip`):
     '<path> holds <what> of another run: seed differ (seed: 1 there, 0 here); delete it and rerun its rule'."""
     keys = differing_keys(got, want, skip)
     if keys:
         detail = "; ".join(differences({k: normal(got).get(k) for k in keys}, {k: normal(want).get(k) for k in keys}))
-        raise ConfigError(f"{path} holds {what} of another run: {', '.join(keys)} differ ({detail}); delete it and rerun its rule")
+        why = "".join(f"{WHY[k]} " for k in keys if k in WHY)
+        raise ConfigError(f"{path} holds {what} of another run: {', '.join(keys)} differ ({detail}); "
+                          f"{why}delete it and rerun its rule")
+
+
+def model_and_kernels(model_dir: Path, dtype: str) -> dict:
+    """The part of a shared file's identity that names what computed it: the model by content, not by
+    path (`weights.model_identity`: a moved checkout or another node's copy of the same weights reads
+    the file, other weights at the same path do not), and this node's kernel path for an engine of
+    `dtype` (`kernels.kernel_path`: a node with other kernels computes other floats)."""
+    from .kernels import kernel_path
+    from .weights import model_identity
+
+    return {"weights": model_identity(model_dir), "kernel_path": kernel_path(dtype)}
 
 
 def write(path: Path, identity: dict, key: str, body, as_json: bool = False) -> dict:

@@ -139,6 +139,18 @@ def tiny_model_dir(smoke_warm_start) -> Path:
     return smoke_warm_start.artifacts / "tiny" / "model"
 
 
+def small_model_dir(path: Path) -> Path:
+    """A directory with a config.json and one small safetensors file: what a shared file's identity
+    reads of a model (weights.model_identity), for the tests that stamp files without an engine."""
+    import torch
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({"model.embed_tokens.weight": torch.arange(6, dtype=torch.float32).reshape(3, 2)}, path / "model.safetensors")
+    (path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    return path
+
+
 PAPER_MODELS = ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B")
 PAPER_DATASET = "Jiayi-Pan/Countdown-Tasks-3to4"
 # The published shapes (config.json of each model on the hub), for the plan's memory estimate.

@@ -1,6 +1,7 @@
 """The real vLLM-CPU engine on the tiny model: no mock anywhere."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -397,3 +398,28 @@ def test_vllms_cpu_dispatch_keeps_its_kernels_and_replaces_only_the_torch_fallba
             assert ours.cpu_linear is not bf16_linear_fp32_sum
         x = torch.randn(8, 256).to(dtype)
         assert ours.cpu_linear(x, ours.weight, None).shape == (8, 512)
+
+
+def test_vllms_linear_kernels_here_are_the_ones_the_kernel_path_names(setup):
+    """What vLLM's CPU dispatch gives a BF16 layer, small (sgl-kernel's AMX GEMM where there is AMX) or
+    large (oneDNN), is what `kernels.kernel_path` names for this machine: the shared files' record of
+    the node's kernels is what its engines run (every engine start compares the same and logs a mismatch)."""
+    import vllm.model_executor.layers.utils as layer_utils
+
+    from dlcrepro import kernels
+
+    path = kernels.kernel_path("bfloat16")
+    if not path.startswith("cpu:") or path.startswith("cpu:other:"):
+        pytest.skip(f"kernel path {path}: no CPU linear dispatch to compare")
+    chosen = {}
+    for n, k in ((512, 256), (2048, 1024)):  # 256 KiB and 4 MiB of BF16 weights: either side of sgl-kernel's 1 MiB
+        layer = torch.nn.Linear(k, n, bias=False).to(torch.bfloat16)
+        layer_utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+        family = kernels.linear_kernel(layer.cpu_linear)
+        chosen[family] = chosen.get(family, 0) + 1
+        assert layer.cpu_linear(torch.randn(4, k).bfloat16(), layer.weight, None).shape == (4, n)
+    assert "other" not in chosen, chosen
+    assert kernels.linear_kernel_mismatch(path, chosen) is None
+    other = "zentorch" if ":zentorch:" not in path else "onednn"
+    wrong = kernels.linear_kernel_mismatch(path, {other: 1})
+    assert re.match(rf"kernel path '{re.escape(path)}' .* and vLLM chose {other} for 1", wrong)

@@ -11,7 +11,7 @@ import time
 import pandas as pd
 import pytest
 
-from conftest import ROOT, SMOKE
+from conftest import ROOT, SMOKE, small_model_dir
 
 pytestmark = pytest.mark.slow
 
@@ -330,7 +330,7 @@ def test_a_damaged_initial_eval_file_is_named(tmp_path, smoke_cfg):
     path = tmp_path / "seed0.json"
     path.write_text('{"identity": {"seed": 0}, "accura')  # a write cut short
     with pytest.raises(DamagedFileError, match="seed0.json: not a readable θ_0 evaluation"):
-        initial_eval.load_initial_eval(path, initial_eval.identity(smoke_cfg, "tiny", 0, tmp_path))
+        initial_eval.load_initial_eval(path, initial_eval.identity(smoke_cfg, "tiny", 0, small_model_dir(tmp_path / "m")))
 
 
 def test_a_rollouts_file_without_the_top_k_a_correction_reads_is_refused(tmp_path, smoke_cfg):
@@ -342,7 +342,7 @@ def test_a_rollouts_file_without_the_top_k_a_correction_reads_is_refused(tmp_pat
 
     one = Rollout(prompt_ids=[[1, 2]], response_ids=[[3]], group=torch.zeros(1, dtype=torch.long),
                   engine_logp=torch.zeros(1), topk_ids=None, topk_logp=None, version=0)
-    ident = rollouts.identity(smoke_cfg, "tiny", "stale", 0, tmp_path, 0)
+    ident = rollouts.identity(smoke_cfg, "tiny", "stale", 0, small_model_dir(tmp_path / "m"), 0)
     rollouts.save(tmp_path / "r.pt", ident, {1: one})
     assert rollouts.load(tmp_path / "r.pt", ident, 0)[1].response_ids == [[3]]
     with pytest.raises(ConfigError, match="top-0 log-probs, and this cell's correction reads the top-64"):
