@@ -269,15 +269,18 @@ class Precision:
 # prompts' tails (for samples drawn before an update that made them unlikely) is gone with those samples.
 # Measured on the tiny model (docs/measurements.md "The sync check on fresh samples", bench/sync_check.py,
 # one RL step at lr 0.3; faults loaded past the load manifest into an engine that held θ_{k−1}): correct
-# syncs 0.004-0.005 (bf16) and 0.031 (emulated fp8), the policy sharpened x40 0.003 and 0.10; whole
+# syncs 0.004-0.005 (bf16) and 0.031 (emulated fp8), the policy sharpened x40 0.003 and 0.10, and over the
+# smoke study's 135 checks at most 0.0064 (bf16) and 0.033 (fp8); whole
 # models wrong (zeros, dummy, another model) 2.06-2.38 and any fault in layer 0 1.85-4.07: caught. A fault
 # in layers 1-3 (zeroed, q/o_proj transposed, from another checkpoint, dropped key) 0.22-0.60, layers 1
 # and 2 swapped 0.16-0.17, a push one update stale 0.22-0.24, one down_proj zeroed 0.06-0.08, stale FP8
 # scales 0.057 and a dropped layer (which keeps θ_{k−1}'s) 0.006-0.026: not caught. No bound separates
 # them: the smallest faults sit at or under a correct fp8 sync, and a stale push at the paper's lr 0.02
-# moves log-probs by 0.00-0.02. So the bound stays 1.0 for both, 10x the largest correct value seen; the
+# moves log-probs by 0.00-0.02. So the bound stays 1.0 for both, 10x the largest correct value measured
+# on fresh samples (the tiny study, its replicate, the zoo and the rehearsal not rerun with them); the
 # check catches weights that are not the trainer's in bulk, and partial or stale loads are the load
-# manifest's (manifest.py), checked first.
+# manifest's (manifest.py), checked first. A first layer zeroed left 1 likely token of 9 drawn: a draw
+# with none would "cannot tell" and pass.
 CHECK_SEQS = 4  # responses drawn per check, one to each of the first CHECK_SEQS prompts
 CHECK_TOKENS = 32  # response tokens drawn per response, at most (and at most engine.max_tokens)
 CHECK_MIN_PROB = 1e-3  # the check compares the tokens the trainer gives at least this probability
