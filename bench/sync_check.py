@@ -1,21 +1,27 @@
-"""What the weight-sync check sees: engine against trainer after correct and after broken syncs.
+"""What the weight-sync check sees on its fresh samples: correct syncs, and faults loaded past the manifest.
 
-    python3 bench/sync_check.py --model-dir DIR [--config configs/smoke.yaml] [--steps 6]
+    python3 bench/sync_check.py --model-dir DIR [--config configs/smoke.yaml] [--steps 6] [--lr LR]
 
-A `Trainer` of the `fp8` sampler (its run's engine FP8, its probe engine BF16) takes real RL steps
-from the warm-started model in DIR. After each step k (θ_{k-1} → θ_k) both engines are given, as
-version k: θ_k (correct), θ_{k-1} (stale: the previous version pushed with the version advanced),
-zeros, vLLM's dummy init (uniform ±1e-3) and a freshly initialized model (random), and each time
-`VLLMEngine.sync_discrepancy` measures mean |log q − log π_θk| per token on the sequences the check
-uses: four of the step's rollout (the update was computed on them), and, as before any sampling,
-the eval prompts' last tokens. `update` is what a stale sync has to show: the trainer's own
-mean |log π_θk − log π_θ(k-1)| on the same tokens. Prints one line per (step, engine, case) and the
-range over steps per (engine, case). A measurement, not a test: it asserts nothing.
+A `Trainer` of the `fp8` sampler (its run's engine emulated FP8, its probe engine BF16) takes real RL
+steps from the warm-started model in DIR. After each step k (θ_{k−1} → θ_k), on both engines: θ_k
+pushed as the trainer pushes it (the load manifest passes: `correct`), and each fault loaded with the
+manifest's verdict ignored (`load_past_the_manifest`: what the check alone sees; the manifest catches
+every one of them first) into an engine that held θ_{k−1}, told it now holds version k. The faults:
+tests/test_sync_manifest.py's FAULTS (t1 = θ_k, t0 = θ_{k−1}, another checkpoint a fresh model),
+its stale FP8 scales (fp8 engine), issue 40's sweep over the layers (each layer's projections zeroed,
+its q_proj or o_proj transposed, its down_proj zeroed, the layer from another checkpoint), and whole
+models (zeros, vLLM's dummy init, another model); and a correct sync of θ_k sharpened (final norm
+x40: what a collapsed run's large logits look like). Each time `VLLMEngine.sync_discrepancy` draws the
+check's responses and gives mean |log q − log π_θk| over the drawn tokens the trainer gives
+π ≥ CHECK_MIN_PROB, and their count. Prints one line per (step, engine, case), then per (engine, case)
+the range over steps and the fewest likely tokens. A measurement, not a test: it asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -27,6 +33,24 @@ from dlcrepro.model import build_tiny_model, make_token_batch
 from dlcrepro.train import Cell, PhaseTimer, Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+# the faults the tests inject, one list; the load past the manifest, one helper
+from test_sync_manifest import FAULTS, L, _changed, load_past_the_manifest, stale_fp8_scales  # noqa: E402
+
+
+def per_layer(layers: int) -> dict:
+    """Issue 40's sweep: each layer's projections zeroed, q_proj or o_proj transposed, down_proj
+    zeroed, or taken from another checkpoint; as FAULTS, (t1, t0, other) -> the state pushed."""
+    out = {}
+    for i in range(layers):
+        a = f"{L}{i}."
+        out[f"layer {i}'s projections zeroed"] = lambda t1, t0, o, a=a: {
+            k: torch.zeros_like(v) if k.startswith(a) and k.endswith("proj.weight") else v for k, v in t1.items()}
+        for m in ("q_proj", "o_proj"):
+            out[f"layer {i}'s {m} transposed"] = lambda t1, t0, o, k=f"{a}self_attn.{m}.weight": _changed(t1, k, lambda w: w.T.contiguous())
+        out[f"layer {i}'s down_proj zeroed"] = lambda t1, t0, o, k=f"{a}mlp.down_proj.weight": _changed(t1, k, torch.zeros_like)
+        out[f"layer {i} from another checkpoint"] = lambda t1, t0, o, a=a: {**t1, **{k: v for k, v in o.items() if k.startswith(a)}}
+    return out
 
 
 def main() -> None:
@@ -51,53 +75,55 @@ def main() -> None:
     def state(model):
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
+    whole = {
+        "zeros": lambda t1, t0, o: {k: torch.zeros_like(v) for k, v in t1.items()},
+        "dummy": lambda t1, t0, o: {k: torch.rand(v.shape, generator=torch.Generator().manual_seed(2)).mul(2e-3).sub(1e-3) for k, v in t1.items()},
+        "another model": lambda t1, t0, o: o,
+    }
+    faults = {name: make for name, (make, _named) in FAULTS.items()} | per_layer(arch["num_hidden_layers"]) | whole
     cell = Cell()
     for e in engines.values():
         e.load_weights(state(tr.policy), 0)
-    results = defaultdict(list)
-    print(f"lr {tr.tcfg.lr}; rows: step, engine, sequences, case, mean |log q - log pi_k| per token (tokens, seconds)")
+    results, counts = defaultdict(list), defaultdict(list)
+    print(f"lr {tr.tcfg.lr}; rows: step, engine, case, mean |log q - log pi_k| per likely drawn token (likely tokens/drawn tokens, seconds)")
     for _ in range(args.steps):
         before = state(tr.policy)
-        old_model = build_tiny_model(arch, 0).to(tr.device).eval()
-        old_model.load_state_dict(before)
         tr.step(cell, PhaseTimer())  # samples with the FP8 engine at θ_{k-1}, then θ_k = θ_{k-1} + update
-        k = cell.step
-        after = state(tr.policy)
-        rollout_seqs = tr.engine.check_seqs
-        g = torch.Generator().manual_seed(k)
-        cases = {
-            "correct": after,
-            "stale": before,
-            "zeros": {n: torch.zeros_like(t) for n, t in after.items()},
-            "dummy": {n: torch.rand(t.shape, generator=g).mul(2e-3).sub(1e-3) for n, t in after.items()},
-            "random": state(build_tiny_model(arch, 1000 + k)),
-        }
-        for seqs_name, seqs in (("rollout", rollout_seqs), ("prompt", None)):
-            tr.engine.check_seqs = seqs
-            scored = tr.engine.check_sequences(tr.eval_prompts)
-            upd = (logp_of(tr.policy)(*scored) - logp_of(old_model)(*scored)).abs().mean()
-            results[("trainer", seqs_name, "update")].append(float(upd))
-            print(f"{k} trainer {seqs_name} update {float(upd):.4f}")
-            for ename, e in engines.items():
-                for case, st in cases.items():
-                    e.load_weights(st, k)
-                    e.check_seqs = seqs
-                    t = time.perf_counter()
-                    d, n = e.sync_discrepancy(logp_of(tr.policy), tr.eval_prompts)
-                    sec = time.perf_counter() - t
-                    results[(ename, seqs_name, case)].append(d)
-                    print(f"{k} {ename} {seqs_name} {case} {d:.4f} ({n}, {sec:.3f} s)")
-                    if case == "stale":  # the same engine against the version it does hold
-                        d_old, _ = e.sync_discrepancy(logp_of(old_model), tr.eval_prompts)
-                        results[(ename, seqs_name, "stale vs its own version")].append(d_old)
-        for e in engines.values():  # back to the correct θ_k and the rollout's sequences for the next step
-            e.load_weights(after, k)
-            e.check_seqs = rollout_seqs
+        k, after = cell.step, state(tr.policy)
+        other = state(build_tiny_model(arch, 1000 + k))
+        for ename, e in engines.items():
+            cases = {"correct": None} | faults | ({"stale FP8 scales": None} if ename == "fp8" else {})
+            for case, make in cases.items():
+                e.load_weights(before, k - 1)  # what the engine held before this push
+                note = ""
+                if case == "correct":
+                    e.load_weights(after, k)
+                else:
+                    sent = stale_fp8_scales(e, after, before) if case == "stale FP8 scales" else e.transform(make(after, before, other))
+                    if load_past_the_manifest(e, sent, k).unknown:
+                        note = ", nothing reloaded: the engine keeps θ_k-1"
+                t = time.perf_counter()
+                d, n = e.sync_discrepancy(logp_of(tr.policy), tr.eval_prompts)
+                sec = time.perf_counter() - t
+                drawn = sum(map(len, e.check_draw(tr.eval_prompts).response_ids))
+                results[(ename, case)].append(d)
+                counts[(ename, case)].append(n)
+                print(f"{k} {ename} {case}: {d:.4f} ({n}/{drawn}, {sec:.3f} s{note})", flush=True)
+            # a correct sync of a collapsed-like policy: θ_k's final norm x40, every logit that much larger
+            sharp = {n: v * 40.0 if n == "model.norm.weight" else v for n, v in after.items()}
+            sharp_model = build_tiny_model(arch, 0).to(tr.device).eval()
+            sharp_model.load_state_dict(sharp)
+            e.load_weights(sharp, k)
+            d, n = e.sync_discrepancy(logp_of(sharp_model), tr.eval_prompts)
+            results[(ename, "correct, sharpened x40")].append(d)
+            counts[(ename, "correct, sharpened x40")].append(n)
+            print(f"{k} {ename} correct, sharpened x40: {d:.4f} ({n})", flush=True)
+            e.load_weights(after, k)  # the correct θ_k for the next step
         tr.sampler_model.load_state_dict(after)
-    print("\nengine sequences case: min median max over steps")
+    print("\nengine case: min median max over steps (fewest likely tokens)")
     for key, v in results.items():
-        v = sorted(v)
-        print(f"{' '.join(key)}: {v[0]:.4f} {v[len(v) // 2]:.4f} {v[-1]:.4f}")
+        v = sorted(v, key=lambda x: (math.isnan(x), x))
+        print(f"{key[0]} {key[1]}: {v[0]:.4f} {v[len(v) // 2]:.4f} {v[-1]:.4f} ({min(counts[key])})")
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ import torch
 from . import kernels, manifest, quant
 from .util import log
 from .config import EngineConfig
+from .seeds import derive_seed
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 # vLLM's start-up chatter; a weight reload's warnings are collected and shown (manifest.vllm_warnings)
@@ -135,6 +136,12 @@ class Engine(Protocol):
 
     def greedy(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
         """Greedy decoding of each prompt (evaluation)."""
+
+    def check_sync(self, trainer_logp: TrainerLogp, prompts: Sequence[Sequence[int]]) -> float:
+        """After a load: draw a few short responses to `prompts` with the new weights (seeded apart
+        from every other draw), have the trainer score them (`trainer_logp`), and raise SyncCheckError
+        if the engine's log-probs of them are further from the trainer's than the precision's bound.
+        Returns that distance, mean |log q − log π| per token (NaN: no token to compare on)."""
 
 
 def request_seeds(seed: int, count: int) -> list[int]:
@@ -255,33 +262,31 @@ class Precision:
     native_gpu_engine_kwargs: dict = field(default_factory=dict)
 
 
-# The sync check (`VLLMEngine.check_sync`): after each weight load the engine teacher-forces a few
-# short sequences, and its mean |log q − log π| per token (on the tokens the trainer gives π ≥
-# CHECK_MIN_PROB) against the trainer's weights of the version pushed must not exceed the
-# precision's `sync_bound`. Measured on the tiny model: weights zeroed, vLLM's dummy init or another
-# model's gave at least 2.63 (bench/sync_check.py; a 32-token vocabulary: uniform log-probs are only
-# log 32 = 3.5 nats off; on Qwen3's they are log 151,936 = 11.9). Correct syncs: at most 0.085 (bf16)
-# and 0.20 (emulated fp8) over 3,244 checks of the tiny study's rerun, but 0.35 (bf16) in a collapsed
-# fp8_stale/is run whose logits had grown large (BF16 rounds a large logit coarsely; docs/measurements.md
-# "The weight-sync check"). The bound, 1.0 for both, is ~3x the largest correct value seen and 2.6x
-# below the smallest broken one. It no longer tells a sync stale by one update from a correct one
-# (0.08-0.33 at lr 0.3): what it catches is weights that are not the trainer's at all; a stale or partial
-# load is the load manifest's (manifest.py), checked first.
-CHECK_SEQS = 4  # sequences teacher-forced per check
-CHECK_TOKENS = 32  # response tokens scored per sequence, at most
+# The sync check (`VLLMEngine.check_sync`): after each weight load the engine draws CHECK_SEQS short
+# responses (at most CHECK_TOKENS tokens) to the check's prompts with the new weights, and the trainer
+# scores exactly those tokens with its weights of the version pushed: their mean |log q − log π| per
+# token (on the tokens the trainer gives π ≥ CHECK_MIN_PROB) must not exceed the precision's
+# `sync_bound`. The draw is seeded by (run seed, version, "sync_check"), one seed per request, so it
+# is the same for the same version and changes no other draw. Drawn tokens are likely under the engine
+# by construction, so the check has tokens to compare on after a collapse too; the old fallback to the
+# prompts' tails (for samples drawn before an update that made them unlikely) is gone with those samples.
+# Measured on the tiny model (docs/measurements.md "The sync check on fresh samples", bench/sync_check.py,
+# one RL step at lr 0.3; faults loaded past the load manifest into an engine that held θ_{k−1}): correct
+# syncs 0.004-0.005 (bf16) and 0.031 (emulated fp8), the policy sharpened x40 0.003 and 0.10, and over the
+# smoke study's 135 checks at most 0.0064 (bf16) and 0.033 (fp8); whole
+# models wrong (zeros, dummy, another model) 2.06-2.38 and any fault in layer 0 1.85-4.07: caught. A fault
+# in layers 1-3 (zeroed, q/o_proj transposed, from another checkpoint, dropped key) 0.22-0.60, layers 1
+# and 2 swapped 0.16-0.17, a push one update stale 0.22-0.24, one down_proj zeroed 0.06-0.08, stale FP8
+# scales 0.057 and a dropped layer (which keeps θ_{k−1}'s) 0.006-0.026: not caught. No bound separates
+# them: the smallest faults sit at or under a correct fp8 sync, and a stale push at the paper's lr 0.02
+# moves log-probs by 0.00-0.02. So the bound stays 1.0 for both, 10x the largest correct value measured
+# on fresh samples (the tiny study, its replicate, the zoo and the rehearsal not rerun with them); the
+# check catches weights that are not the trainer's in bulk, and partial or stale loads are the load
+# manifest's (manifest.py), checked first. A first layer zeroed left 1 likely token of 9 drawn: a draw
+# with none would "cannot tell" and pass.
+CHECK_SEQS = 4  # responses drawn per check, one to each of the first CHECK_SEQS prompts
+CHECK_TOKENS = 32  # response tokens drawn per response, at most (and at most engine.max_tokens)
 CHECK_MIN_PROB = 1e-3  # the check compares the tokens the trainer gives at least this probability
-# Fewer likely tokens than this in the engine's last samples and the check scores the prompts' tails
-# too: in the zoo a collapsed fp8/ppo_multi run's correct sync (seed 1, version 30) kept only 4
-# likely tokens of its samples, whose mean was 1.27 nats; the same weights checked on the prompts'
-# tails passed.
-CHECK_MIN_LIKELY = 16
-
-
-def prompt_tails(prompts: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[list[int]]]:
-    """The last CHECK_TOKENS tokens of each of the first CHECK_SEQS `prompts`, given the rest: what
-    a sync check scores without decoding."""
-    cut = [max(1, len(p) - CHECK_TOKENS) for p in prompts[:CHECK_SEQS]]
-    return [list(p[:c]) for p, c in zip(prompts, cut)], [list(p[c:]) for p, c in zip(prompts, cut)]
 
 
 # the trainer's `(N,)` log-probs of the responses' tokens given (prompts, responses)
@@ -410,6 +415,7 @@ class VLLMEngine:
         # vLLM runs full garbage collections while it starts; objects that already exist (the
         # imported libraries, the problem set) need not be scanned: 1.1 s of a 2.3 s start here.
         gc.freeze()
+        self.seed = seed  # the run's: the sync check's draws are seeded from it (`check_draw`)
         self.llm = LLM(**kwargs)
         _LIVE_ENGINES.append(self.llm)
         if self.precision.native_transform is not None:  # say which FP8 path this run's numbers come from
@@ -438,8 +444,6 @@ class VLLMEngine:
         self.version = -1 if self.native else 0
         self.reload_warnings: set[str] = set()  # what vLLM warned at its reloads (logged once each)
         self.reload_seconds = self.manifest_seconds = 0.0  # the last load's: vLLM's reload, the manifest's own work
-        # a few sequences it last sampled: what the next sync's check teacher-forces
-        self.check_seqs: tuple[list[list[int]], list[list[int]]] | None = None
 
     @property
     def kind(self) -> str:
@@ -494,7 +498,7 @@ class VLLMEngine:
             raise RuntimeError("this engine holds no verified weights (a native FP8 engine starts from dummy ones; "
                                "a failed load leaves wrong ones): call load_weights first")
 
-    def _params(self, n: int, seed: int | None, logprobs: int | None, greedy: bool = False):
+    def _params(self, n: int, seed: int | None, logprobs: int | None, greedy: bool = False, max_tokens: int | None = None):
         from vllm import SamplingParams
 
         c = self.cfg
@@ -507,7 +511,7 @@ class VLLMEngine:
             repetition_penalty=c.repetition_penalty,
             presence_penalty=c.presence_penalty,
             frequency_penalty=c.frequency_penalty,
-            max_tokens=c.max_tokens,
+            max_tokens=max_tokens or c.max_tokens,
             seed=seed,
             logprobs=logprobs,
             detokenize=False,
@@ -519,6 +523,11 @@ class VLLMEngine:
         """`n` responses per prompt. `logprobs=False` (probes, evaluation: only the tokens are read)
         asks vLLM for none: the same tokens (log-probs are computed beside the sampling and draw no
         random numbers), without the per-token log-prob lists in Python."""
+        return self._sample(prompts, n, seed, topk, logprobs, self.cfg.max_tokens)
+
+    def _sample(self, prompts: Sequence[Sequence[int]], n: int, seed: int, topk: int, logprobs: bool, max_tokens: int) -> Rollout:
+        """`generate` with responses cut at `max_tokens`: one seed per request (`request_seeds`), so a
+        draw's tokens depend on its own seed only, never on what else the engine has drawn."""
         from vllm.inputs import TokensPrompt
 
         self._check_loaded()
@@ -526,7 +535,7 @@ class VLLMEngine:
         if k and not logprobs:
             raise ValueError("generate: top-k log-probs asked for with logprobs=False")
         seeds = request_seeds(seed, len(prompts))
-        params = [self._params(n, s, k if logprobs else None) for s in seeds]
+        params = [self._params(n, s, k if logprobs else None, max_tokens=max_tokens) for s in seeds]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         prompt_ids, response_ids, group, logp, tk_ids, tk_logp = [], [], [], [], [], []
         for i, out in enumerate(outs):
@@ -547,7 +556,6 @@ class VLLMEngine:
                     if k:
                         tk_ids.append(lp.token_ids[s + 1 : e] if e - s > k else lp.token_ids[s:e])
                         tk_logp.append(lp.logprobs[s + 1 : e] if e - s > k else lp.logprobs[s:e])
-        self.keep_for_check(prompt_ids, response_ids)
         return Rollout(
             prompt_ids=prompt_ids,
             response_ids=response_ids,
@@ -574,76 +582,54 @@ class VLLMEngine:
             for o, p, r in zip(outs, prompts, responses)
         ]
 
-    def keep_for_check(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> None:
-        """Keep CHECK_SEQS of the responses just sampled, spread over the batch, each cut to its
-        first CHECK_TOKENS: the update that follows a rollout was computed on its responses, so
-        their log-probs are the ones it moved most."""
-        rows = [i for i, r in enumerate(response_ids) if r]
-        pick = rows[:: max(1, len(rows) // CHECK_SEQS)][:CHECK_SEQS]
-        if pick:
-            self.check_seqs = ([prompt_ids[i] for i in pick], [response_ids[i][:CHECK_TOKENS] for i in pick])
-
-    def check_sequences(self, prompts: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[list[int]]]:
-        """The (prompts, responses) a sync check scores: a few the engine last sampled, or, before
-        it has sampled anything, the last CHECK_TOKENS tokens of each of the first CHECK_SEQS
-        `prompts`, given the rest (no decoding)."""
-        if self.check_seqs is not None:
-            return self.check_seqs
-        return prompt_tails(prompts)
+    def check_draw(self, prompts: Sequence[Sequence[int]]) -> Rollout:
+        """The sync check's sequences: one response to each of the first CHECK_SEQS `prompts`, at most
+        CHECK_TOKENS tokens (and `max_tokens`), drawn with the weights the engine holds, with its
+        log-probs of them. Seeded by (run seed, version, "sync_check") and one seed per request, as
+        every draw here: the same sequences for the same version, and no other draw changes. The
+        prefix cache is emptied after it, as after a load, so no later request reads what it computed."""
+        seed = derive_seed(self.seed, self.version, "sync_check")
+        drawn = self._sample(prompts[:CHECK_SEQS], 1, seed, 0, True, min(CHECK_TOKENS, self.cfg.max_tokens))
+        self.llm.reset_prefix_cache()
+        return drawn
 
     def sync_discrepancy(self, trainer_logp: TrainerLogp, prompts: Sequence[Sequence[int]]) -> tuple[float, int]:
-        """mean_t |log q(y_t) − log π(y_t)| over the tokens of `check_sequences(prompts)` that the
-        trainer finds likely (π ≥ CHECK_MIN_PROB), and their count (0: none, the mean NaN): q the
-        engine's teacher-forced log-probs (one prefill), π `trainer_logp(prompts, responses)`, `(N,)`
-        in the same order (responses concatenated). Why only those: a BF16 engine computes an
-        unlikely token's log-prob far less exactly than a likely one's (the logits' rounding grows
-        with their size), and after a run collapses the sequences sampled before it are unlikely
-        under the new weights. Measured: a collapsed `fp8_stale`/`is` run's correct sync at step 27
-        gave 1.28 nats over all 96 tokens of the check, with vLLM's kernels and with ours alike.
-        Where fewer than CHECK_MIN_LIKELY of the sampled tokens are likely, the prompts' tails
-        (`prompt_tails`) are scored with them."""
-        p, r = self.check_sequences(prompts)
-        q, pi = self._check_logps(trainer_logp, p, r)
-        if int((pi >= math.log(CHECK_MIN_PROB)).sum()) < CHECK_MIN_LIKELY and self.check_seqs is not None:
-            # too few likely tokens for a mean (the update made the last samples unlikely): the
-            # prompts' own tails too, which a policy that still reads its prompts finds likely
-            q2, pi2 = self._check_logps(trainer_logp, *prompt_tails(prompts))
-            q, pi = torch.cat([q, q2]), torch.cat([pi, pi2])
+        """mean_t |log q(y_t) − log π(y_t)| over the tokens of the check's fresh draw (`check_draw`)
+        that the trainer finds likely (π ≥ CHECK_MIN_PROB), and their count (0: none, the mean NaN):
+        q the engine's log-probs of the tokens it drew, π `trainer_logp(prompts, responses)`, `(N,)` in
+        the same order (responses concatenated). Why only those: a BF16 engine computes an unlikely
+        token's log-prob far less exactly than a likely one's (the logits' rounding grows with their
+        size); measured on sequences sampled before a collapse, a correct sync gave 1.28 nats over all
+        96 tokens of a check. Drawn by the engine now, the tokens are likely under q by construction;
+        an engine whose weights are wrong draws tokens the trainer finds unlikely, which this count shows."""
+        drawn = self.check_draw(prompts)
+        q = drawn.engine_logp
+        pi = trainer_logp(drawn.prompt_ids, drawn.response_ids).float().cpu()
+        if pi.shape != q.shape:
+            raise ValueError(f"sync check: trainer gave {tuple(pi.shape)} log-probs for {q.numel()} tokens")
         likely = pi >= math.log(CHECK_MIN_PROB)
         if not likely.any():
             return math.nan, 0
         return float((q - pi)[likely].abs().mean()), int(likely.sum())
 
-    def _check_logps(self, trainer_logp: TrainerLogp, p: list[list[int]], r: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The engine's and the trainer's log-probs of the responses `r` given `p`, `(N,)` each."""
-        q = torch.cat(self.teacher_forced_logp(p, r))
-        pi = trainer_logp(p, r).float().cpu()
-        if pi.shape != q.shape:
-            raise ValueError(f"sync check: trainer gave {tuple(pi.shape)} log-probs for {q.numel()} tokens")
-        return q, pi
-
     def check_sync(self, trainer_logp: TrainerLogp, prompts: Sequence[Sequence[int]]) -> float:
         """After a weight load: the engine must compute what the trainer holds, i.e. their mean
-        |log q − log π| per token on a few sequences (`sync_discrepancy`) must be at most the
-        precision's `sync_bound`; else raise SyncCheckError. Returns the discrepancy.
+        |log q − log π| per token on a few responses it draws now (`sync_discrepancy`) must be at
+        most the precision's `sync_bound`; else raise SyncCheckError. Returns the discrepancy.
 
-        What it catches: weights that are not the trainer's, measured as zeroed, vLLM's dummy init
-        (what a native FP8 engine keeps of a weight it was never given) and another model's: off by
-        nats per token. What it cannot tell from a correct sync: the previous version's weights when
-        one update moves log-probs by less than the bound (on the tiny model at lr 0.02 one update
-        moves them at most 0.02 nats per token, within BF16 rounding; at lr 0.3, 0.08-0.33: mostly
-        caught in BF16, never in FP8). A weight missing from a reload, a stale push or a partial
-        one are the load manifest's to catch (`load_weights`, manifest.py), before this check runs."""
+        What it catches and what it cannot tell from a correct sync: the comment above CHECK_SEQS. A
+        weight missing from a reload, a stale push or a partial one are the load manifest's to catch
+        (`load_weights`, manifest.py), before this check runs; this check is the second line."""
         d, n = self.sync_discrepancy(trainer_logp, prompts)
         bound = self.precision.sync_bound
         if n == 0:  # nothing to compare on: say so rather than pass or fail it
-            log(f"sync check: {self.kind} engine, version {self.version}: cannot tell, no teacher-forced token has π ≥ {CHECK_MIN_PROB}")
+            log(f"sync check: {self.kind} engine, version {self.version}: cannot tell, no token it drew has π ≥ {CHECK_MIN_PROB}")
             return d
         if not d <= bound:  # NaN fails too
             raise SyncCheckError(
                 f"weight sync check failed: the {self.kind} engine, given version {self.version}, computes "
                 f"mean |log q − log π| = {d:.4f} nats/token against the trainer's weights of that version "
-                f"over the {n} teacher-forced tokens it gives π ≥ {CHECK_MIN_PROB}; a correct {self.precision.name} sync stays under {bound}. "
+                f"over the {n} tokens the engine drew that the trainer gives π ≥ {CHECK_MIN_PROB}; a correct {self.precision.name} sync stays under {bound}. "
                 "The engine does not hold the trainer's weights (a weight left out or misnamed, dummy "
                 "weights, or another version's). The bound was measured on the tiny model; if a correct "
                 "sync of this model exceeds it, `engine.sync_check: false` turns the check off."

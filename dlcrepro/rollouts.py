@@ -90,7 +90,7 @@ def write_rollouts(cfg: Config, model: str, sampler_name: str, seed: int, out: P
     policy = load_model(model_dir).to(device).eval().requires_grad_(False)
     engine = VLLMEngine(str(model_dir), cfg.engine, sampler.precision, seed)
     engine.load_weights({k: v.detach() for k, v in policy.state_dict().items()}, 0)  # as a cell pushes θ_0
-    if cfg.engine.sync_check:  # on the prompts a cell's first check scores (Trainer.eval_prompts)
+    if cfg.engine.sync_check:  # drawn from the prompts a cell's first check draws from (Trainer.eval_prompts)
         check_on = train_problems[:pool] if t.eval_on == "pool" else test_problems
 
         def trainer_logp(prompts, responses):

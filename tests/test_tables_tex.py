@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dlcrepro import analysis as A
 from dlcrepro import tables as T
 
 NAN = math.nan
