@@ -208,7 +208,20 @@ def _is_torch_fallback(fn) -> bool:
             and not code.co_freevars and "linear" in code.co_names)
 
 
-# the layers dispatched since the last engine start, by (weight dtype, kernel family: kernels.linear_kernel)
+def linear_kernel(fn) -> str:
+    """The kernel family of the function vLLM's CPU dispatch gave a linear layer (`layer.cpu_linear`):
+    'zentorch', 'amx' (sgl-kernel's packed AMX GEMM), 'onednn', 'fallback' (torch's F.linear or the
+    engine's float32 sum), or 'other'."""
+    if fn is bf16_linear_fp32_sum or _is_torch_fallback(fn):
+        return "fallback"
+    names = set(getattr(getattr(fn, "__code__", None), "co_names", ()))
+    for name, family in (("zentorch_linear_unary", "zentorch"), ("weight_packed_linear_cpu", "amx"), ("onednn_mm", "onednn")):
+        if name in names:
+            return family
+    return "other"
+
+
+# the layers dispatched since the last engine start, by (weight dtype, kernel family: linear_kernel)
 LINEAR_KERNELS: dict[tuple[str, str], int] = {}
 
 
@@ -232,7 +245,7 @@ def wrap_cpu_linear_dispatch() -> None:
         if fallback:
             layer.cpu_linear = bf16_linear_fp32_sum
         if hasattr(layer, "cpu_linear"):
-            key = (str(layer.weight.dtype).removeprefix("torch."), kernels.linear_kernel(layer.cpu_linear))
+            key = (str(layer.weight.dtype).removeprefix("torch."), linear_kernel(layer.cpu_linear))
             LINEAR_KERNELS[key] = LINEAR_KERNELS.get(key, 0) + 1
 
     dispatch.dlcrepro_wrapped, dispatch.vllm_dispatch = True, vllm_dispatch

@@ -33,7 +33,7 @@ The values (`KERNEL_PATHS`), each from facts this process reads before any engin
   are not told apart here).
 
 What vLLM then chose for each linear layer is compared with this at every engine start
-(`linear_kernel`, `linear_kernel_mismatch`), and a mismatch is logged. The oneDNN/fallback split
+(`engine.linear_kernel`, `linear_kernel_mismatch`), and a mismatch is logged. The oneDNN/fallback split
 below AVX-512 BF16 is read from vLLM's sources and measured on AVX2 and AVX-512 BF16 EPYCs only; on
 AVX-512 without BF16 (`avx512`) and on AMX it is vLLM's code, not a measurement.
 """
@@ -118,21 +118,6 @@ def kernel_path(dtype: str = "bfloat16") -> str:
     if capped:
         path += f":onednn_max_{capped.lower()}"
     return path
-
-
-def linear_kernel(fn) -> str:
-    """The kernel family of the function vLLM's CPU dispatch gave a linear layer (`layer.cpu_linear`):
-    'zentorch', 'amx' (sgl-kernel's packed AMX GEMM), 'onednn', 'fallback' (torch's F.linear or the
-    engine's float32 sum), or 'other'."""
-    from .engine import _is_torch_fallback, bf16_linear_fp32_sum
-
-    if fn is bf16_linear_fp32_sum or _is_torch_fallback(fn):
-        return "fallback"
-    names = set(getattr(getattr(fn, "__code__", None), "co_names", ()))
-    for name, family in (("zentorch_linear_unary", "zentorch"), ("weight_packed_linear_cpu", "amx"), ("onednn_mm", "onednn")):
-        if name in names:
-            return family
-    return "other"
 
 
 # what vLLM may choose for a linear layer under each family of the kernel path: on AMX, small

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dlcrepro import data
-from dlcrepro.engine import SyncCheckError, VLLMEngine
+from dlcrepro.engine import SyncCheckError, VLLMEngine, linear_kernel
 from dlcrepro.grid import get_sampler
 from dlcrepro.model import build_tiny_model, load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
 
@@ -391,7 +391,7 @@ def test_vllms_linear_kernels_here_are_the_ones_the_kernel_path_names(setup):
     for n, k in ((512, 256), (2048, 1024)):  # 256 KiB and 4 MiB of BF16 weights: either side of sgl-kernel's 1 MiB
         layer = torch.nn.Linear(k, n, bias=False).to(torch.bfloat16)
         layer_utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
-        family = kernels.linear_kernel(layer.cpu_linear)
+        family = linear_kernel(layer.cpu_linear)
         chosen[family] = chosen.get(family, 0) + 1
         assert layer.cpu_linear(torch.randn(4, k).bfloat16(), layer.weight, None).shape == (4, n)
     assert "other" not in chosen, chosen
