@@ -264,8 +264,9 @@ def test_a_run_that_diverges_ends_as_a_recorded_outcome_the_tables_name(tiny_mod
     steps, runs = analysis.collect([out / "summary.json"])
     assert runs["diverged_at_step"].tolist() == [at] and runs["final_test_accuracy"].tolist() == [0.0]
     t = tables.write_all(steps, runs, tmp_path / "tables", n_boot=20)
-    assert t["zoo"]["diverged"].tolist() == [f"seed 0 at step {at}"]
-    assert t["accuracy"]["final per seed"].tolist() == [f"0 (diverged at {at})"]
+    mark = tables.DIVERGED_MARK  # a diverged run is marked with its step wherever it appears (#43)
+    assert t["zoo"]["diverged"].tolist() == [f"{mark} 1 of 1: seed 0 at step {at}"]
+    assert t["accuracy"]["final per seed"].tolist() == [f"0 ({mark} diverged at step {at})"]
 
 
 def test_shared_rollouts_give_a_lagged_cell_the_numbers_it_samples_itself(tiny_model_dir, tmp_path):
