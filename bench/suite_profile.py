@@ -14,11 +14,17 @@ its children. So they are meaningful only for a run alone on the machine; CPU se
 2x the wall seconds on 2 cores mean the test mostly waits (Slurm's status polls, a requeue's hold,
 process starts). A test's row includes its fixtures' set-up when it is the first to need them:
 a session fixture's cost lands on the first test that asks for it. A benchmark, not a test.
+
+Under `pytest -n 2` (pytest-xdist) each worker records its own tests (`<profile>.gw0.json`, ...)
+and the controller merges them into the profile with the run's own wall and machine CPU seconds:
+each test's wall seconds still are its own, but its CPU seconds then include what the other worker
+ran meanwhile, so only the run's total CPU compares between runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import time
@@ -49,9 +55,37 @@ def pytest_runtest_protocol(item, nextitem):
     ROWS.append({"test": item.nodeid, "wall_s": round(time.monotonic() - wall, 2), "cpu_s": round(busy_cpu_seconds() - cpu, 2)})
 
 
+RUN: dict[str, float] = {}
+
+
+def _path() -> str:
+    return os.environ.get("SUITE_PROFILE", "suite_profile.json")
+
+
+def pytest_sessionstart(session):
+    RUN.update(wall=time.monotonic(), cpu=busy_cpu_seconds())
+
+
 def pytest_sessionfinish(session, exitstatus):
-    with open(os.environ.get("SUITE_PROFILE", "suite_profile.json"), "w") as fh:
-        json.dump(ROWS, fh, indent=0)
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:  # the controller merges the workers' files
+        with open(_path().removesuffix(".json") + f".{worker}.json", "w") as fh:
+            json.dump([{**r, "worker": worker} for r in ROWS], fh, indent=0)
+        return
+    rows = list(ROWS)
+    stem = _path().removesuffix(".json")
+    for part in sorted(glob.glob(f"{glob.escape(stem)}.gw*.json")):
+        rows += json.load(open(part))
+        os.remove(part)
+    run = {"wall_s": round(time.monotonic() - RUN["wall"], 1), "cpu_s": round(busy_cpu_seconds() - RUN["cpu"], 1)}
+    with open(_path(), "w") as fh:
+        json.dump({"run": run, "tests": rows}, fh, indent=0)
+
+
+def load(path: str) -> tuple[dict | None, list[dict]]:
+    """(the run's own wall and CPU seconds, or None in a profile from before they were recorded; the rows)."""
+    data = json.load(open(path))
+    return (None, data) if isinstance(data, list) else (data["run"], data["tests"])
 
 
 # ----------------------------------------------------------------------------- summary
@@ -69,9 +103,13 @@ def by_file(rows: list[dict]) -> dict[str, tuple[float, float, int]]:
 
 
 def summarize(path: str, top: int) -> dict[str, tuple[float, float, int]]:
-    rows = json.load(open(path))
+    run, rows = load(path)
     wall, cpu = sum(r["wall_s"] for r in rows), sum(r["cpu_s"] for r in rows)
-    print(f"## {path}: {len(rows)} tests, {wall:.0f} s wall, {cpu:.0f} s CPU (machine)\n")
+    if run is None or len({r.get("worker") for r in rows}) == 1:
+        print(f"## {path}: {len(rows)} tests, {wall:.0f} s wall, {cpu:.0f} s CPU (machine)\n")
+    else:  # tests ran side by side: their seconds overlap; the run's own are the measure
+        print(f"## {path}: {len(rows)} tests on {len({r['worker'] for r in rows})} workers, the run {run['wall_s']:.0f} s wall, "
+              f"{run['cpu_s']:.0f} s CPU (machine); the tests' own wall seconds sum to {wall:.0f}\n")
     print("| test | wall s | CPU s |\n|---|---:|---:|")
     for r in sorted(rows, key=lambda r: -r["wall_s"])[:top]:
         print(f"| `{r['test']}` | {r['wall_s']:.1f} | {r['cpu_s']:.1f} |")

@@ -65,11 +65,48 @@ HEAVY_MARKERS = {"slow", "engine", "slurm", "snakemake"}
 HEAVY_FIXTURES = {"tiny_model_dir", "smoke_warm_start", "rehearsal_cache"}
 
 
+# How long a test file takes, roughly, by the heaviest marker among its tests: under `pytest -n 2`
+# (pytest-xdist, `--dist loadfile` from pyproject.toml) whole files go to the workers in this order,
+# so the longest (the Slurm tests, ~12 min of mostly waiting on the cluster) starts first and the
+# other worker's files fill its waits instead of trailing after it.
+FILE_ORDER = ("slurm", "slow", "engine", "snakemake")
+
+
+def file_rank(marker_names: set[str]) -> int:
+    return next((i for i, name in enumerate(FILE_ORDER) if name in marker_names), len(FILE_ORDER))
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         heavy = HEAVY_MARKERS & {m.name for m in item.iter_markers()} or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ()))
         if not heavy:
             item.add_marker(pytest.mark.quick)
+    markers_by_file: dict[str, set[str]] = {}
+    for item in items:
+        markers_by_file.setdefault(item.nodeid.split("::")[0], set()).update(m.name for m in item.iter_markers())
+    # a stable sort: tests keep their order within a file, files with the same rank theirs
+    items.sort(key=lambda item: file_rank(markers_by_file[item.nodeid.split("::")[0]]))
+
+
+@contextmanager
+def built_once(tmp_path_factory, name: str):
+    """A directory for something a test run builds once, shared by the run's pytest-xdist workers
+    (`pytest -n 2`): the first worker to get here builds it (inside the block) while the others wait
+    on a file lock; they find it done, as a marker file says, and skip the block. Yields (the
+    directory, whether to build it). Without workers it is the session's own directory."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's, not one worker's
+    d, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        build = not done.exists()
+        if build:
+            shutil.rmtree(d, ignore_errors=True)  # a worker's failed build before this one
+            d.mkdir(parents=True)
+        yield d, build
+        if build:
+            done.touch()
 
 
 @pytest.fixture(scope="session")
@@ -104,13 +141,14 @@ def smoke_warm_start(tmp_path_factory) -> WarmStart:
     (`tiny_model_dir`) and the studies whose subject is not the warm start (a test's snakemake finds
     it up to date through `WarmStart.up_to_date_in`); the smoke pipeline's test and the Slurm grid's
     run their own."""
-    d = tmp_path_factory.mktemp("smoke-warm-start")
-    out = {"results_dir": d / "results", "figures_dir": d / "figures", "tables_dir": d / "tables", "artifacts": d / "artifacts"}
-    target = out["artifacts"] / "tiny" / "warmstart.json"
-    p = subprocess.run([sys.executable, "-m", "snakemake", "--nolock", "--cores", "2", "--configfile", str(SMOKE), "--config",
-                        *(f"{k}={v}" for k, v in out.items()), f"python={sys.executable}", "--", str(target)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=1800)
-    assert p.returncode == 0, p.stderr[-4000:]
+    with built_once(tmp_path_factory, "smoke-warm-start") as (d, build):
+        out = {"results_dir": d / "results", "figures_dir": d / "figures", "tables_dir": d / "tables", "artifacts": d / "artifacts"}
+        if build:
+            target = out["artifacts"] / "tiny" / "warmstart.json"
+            p = subprocess.run([sys.executable, "-m", "snakemake", "--nolock", "--cores", "2", "--configfile", str(SMOKE), "--config",
+                                *(f"{k}={v}" for k, v in out.items()), f"python={sys.executable}", "--", str(target)],
+                               cwd=ROOT, capture_output=True, text=True, timeout=1800)
+            assert p.returncode == 0, p.stderr[-4000:]
     return WarmStart(out["artifacts"], out["results_dir"] / "_config" / "tiny.warmstart.yaml")
 
 
@@ -198,8 +236,9 @@ def fake_hf_cache(root: Path, models=PAPER_MODELS, datasets=(PAPER_DATASET,)) ->
 def rehearsal_cache(tmp_path_factory) -> Path:
     """The rehearsal's checkpoint and data set, built by the real command into an empty Hugging Face
     cache, with a warm start cut to 20 steps (the path, not the skill, is under test)."""
-    cache = tmp_path_factory.mktemp("hf-cache")
-    p = subprocess.run([sys.executable, "-m", "dlcrepro", "rehearsal", "--cache", str(cache), "--warmstart-steps", "20",
-                        "--summary", str(cache / "summary.json")], cwd=ROOT, capture_output=True, text=True, timeout=1800)
-    assert p.returncode == 0, p.stderr[-4000:]
+    with built_once(tmp_path_factory, "hf-cache") as (cache, build):
+        if build:
+            p = subprocess.run([sys.executable, "-m", "dlcrepro", "rehearsal", "--cache", str(cache), "--warmstart-steps", "20",
+                                "--summary", str(cache / "summary.json")], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+            assert p.returncode == 0, p.stderr[-4000:]
     return cache

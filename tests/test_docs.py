@@ -172,6 +172,15 @@ def test_readme_is_a_front_door_of_at_most_200_lines():
     assert n <= README_MAX_LINES, f"README.md has {n} lines; move detail to a page of docs/ (at most {README_MAX_LINES})"
 
 
+def test_ci_runs_the_readmes_test_command():
+    """CI (`.ci/run`, on a clean clone) runs exactly the README's command that sets up and passes the
+    tests: a changed command (`-n 2`, an install step) that CI did not run would be untested."""
+    blocks = re.findall(r"```\n(.*?)\n```", README.read_text(encoding="utf-8"), re.S)
+    test_command = next(b for b in blocks if "pytest" in b and "\n" not in b)
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip() and not line.startswith(("#", "set ", "cd "))]
+    assert ci == [test_command], (ci, test_command)
+
+
 def test_every_docs_page_is_linked_from_the_readme_and_says_what_it_answers():
     linked = {(README.parent / unquote(t.partition("#")[0])).resolve() for t in links(README)}
     for page in sorted((ROOT / "docs").glob("*.md")):

@@ -151,7 +151,8 @@ def test_gpu_marked_job_receives_its_gpu_and_refuses_to_train_on_a_cpu_torch(slu
     out, config, shared = warm_outdirs
     cell = out["results_dir"] / "tiny" / "bf16" / "pg" / "seed0"
     cfg = smoke_variant(tmp_path, resources={"gpu": 1})
-    p = run(slurm_cmd(snakemake_slurm, config, cell / "summary.json", extra=shared, configfile=cfg))
+    # --retries 0: the profile's one retry would submit the same refusal again (~20 s here)
+    p = run(slurm_cmd(snakemake_slurm, config, cell / "summary.json", extra=("--retries", "0", *shared), configfile=cfg))
     assert p.returncode != 0, p.stderr[-4000:]
     assert "warmstart" not in job_counts(p.stdout + p.stderr), p.stdout[-3000:]  # the session's warm start is up to date
     log = (out["results_dir"] / "_logs" / "initial_eval" / "tiny" / "seed0.log").read_text()
