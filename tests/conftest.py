@@ -16,6 +16,13 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# One OpenMP thread per process unless a job asks for more (the workflow's rules set their own), and
+# waiting threads that sleep: under `pytest -n 2` the two workers' processes share 2 cores, where
+# OpenMP's spinning threads burn the core the other process needs. Two smoke cells at once took
+# 46-58 s with 2 spinning threads each, 21-22 s with OMP_WAIT_POLICY=PASSIVE, 19-20 s with 1 thread
+# (docs/measurements.md, "The test suite at the speed of a change"). Set before torch is imported.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"
