@@ -172,6 +172,18 @@ def test_readme_is_a_front_door_of_at_most_200_lines():
     assert n <= README_MAX_LINES, f"README.md has {n} lines; move detail to a page of docs/ (at most {README_MAX_LINES})"
 
 
+def test_a_clone_holds_no_link_out_of_itself():
+    """A tracked symbolic link must point inside the clone: a committed `.venv -> /work/main/.venv`
+    (a developer's link to a shared environment) once replaced the environment of every checkout that
+    pulled it, its own included, and pointed nowhere on any other machine."""
+    staged = subprocess.run(["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    links = [line.split("\t", 1)[1] for line in staged.splitlines() if line.startswith("120000 ")]
+    for link in links:
+        target = os.readlink(ROOT / link) if (ROOT / link).is_symlink() else ""
+        assert target and not os.path.isabs(target), f"{link} -> {target!r}: a tracked link must be relative"
+        assert (ROOT / link).parent.joinpath(target).resolve().is_relative_to(ROOT), f"{link} -> {target} leaves the clone"
+
+
 def test_ci_runs_the_readmes_test_command():
     """CI (`.ci/run`, on a clean clone) runs exactly the README's command that sets up and passes the
     tests: a changed command (`-n 2`, an install step) that CI did not run would be untested."""
