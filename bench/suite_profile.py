@@ -67,13 +67,12 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    worker, stem = os.environ.get("PYTEST_XDIST_WORKER"), _path().removesuffix(".json")
     if worker:  # the controller merges the workers' files
-        with open(_path().removesuffix(".json") + f".{worker}.json", "w") as fh:
+        with open(f"{stem}.{worker}.json", "w") as fh:
             json.dump([{**r, "worker": worker} for r in ROWS], fh, indent=0)
         return
     rows = list(ROWS)
-    stem = _path().removesuffix(".json")
     for part in sorted(glob.glob(f"{glob.escape(stem)}.gw*.json")):
         rows += json.load(open(part))
         os.remove(part)

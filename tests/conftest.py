@@ -68,24 +68,21 @@ def stopped_after(proc, stop=signal.SIGTERM, timeout: float = 120):
 # What makes a test take seconds or more: its marker, or a fixture that builds something (a warm
 # start, the rehearsal's checkpoint). Every other test is `quick`: `pytest -m quick` is the inner
 # loop of development (docs/extending.md); the README's test command still runs everything.
-HEAVY_MARKERS = {"slow", "engine", "slurm", "snakemake"}
+# Heaviest first: under `pytest -n 2` (pytest-xdist, `--dist loadfile` from pyproject.toml) whole files
+# go to the workers in this order of their heaviest marker, so the longest (the Slurm tests, ~12 min
+# of mostly waiting on the cluster) starts first and the other worker's files fill its waits.
+HEAVY_MARKERS = ("slurm", "slow", "engine", "snakemake")
 HEAVY_FIXTURES = {"tiny_model_dir", "smoke_warm_start", "rehearsal_cache"}
 
 
-# How long a test file takes, roughly, by the heaviest marker among its tests: under `pytest -n 2`
-# (pytest-xdist, `--dist loadfile` from pyproject.toml) whole files go to the workers in this order,
-# so the longest (the Slurm tests, ~12 min of mostly waiting on the cluster) starts first and the
-# other worker's files fill its waits instead of trailing after it.
-FILE_ORDER = ("slurm", "slow", "engine", "snakemake")
-
-
 def file_rank(marker_names: set[str]) -> int:
-    return next((i for i, name in enumerate(FILE_ORDER) if name in marker_names), len(FILE_ORDER))
+    """A file's place in the run: the rank of its heaviest marker in HEAVY_MARKERS, quick files last."""
+    return next((i for i, name in enumerate(HEAVY_MARKERS) if name in marker_names), len(HEAVY_MARKERS))
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        heavy = HEAVY_MARKERS & {m.name for m in item.iter_markers()} or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ()))
+        heavy = set(HEAVY_MARKERS) & {m.name for m in item.iter_markers()} or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ()))
         if not heavy:
             item.add_marker(pytest.mark.quick)
     markers_by_file: dict[str, set[str]] = {}
