@@ -1,6 +1,10 @@
 """What the weight-sync check sees on its fresh samples: correct syncs, and faults loaded past the manifest.
 
-    python3 bench/sync_check.py --model-dir DIR [--config configs/smoke.yaml] [--steps 6] [--lr LR]
+    python3 bench/sync_check.py --model-dir DIR [--config configs/smoke.yaml] [--model tiny] [--steps 6] [--lr LR]
+
+DIR is the warm-started tiny model (the smoke or tiny config), or a Hugging Face Qwen3 snapshot with
+its config (the rehearsal's: `--config configs/rehearsal.yaml --model qwen3-rehearsal --model-dir
+<cache>/models--dlcrepro--Qwen3-Rehearsal/snapshots/<commit>`).
 
 A `Trainer` of the `fp8` sampler (its run's engine emulated FP8, its probe engine BF16) takes real RL
 steps from the warm-started model in DIR. After each step k (θ_{k−1} → θ_k), on both engines: θ_k
@@ -20,6 +24,7 @@ the range over steps and the fewest likely tokens. A measurement, not a test: it
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import sys
 import time
@@ -29,13 +34,19 @@ from pathlib import Path
 import torch
 
 from dlcrepro.config import load
-from dlcrepro.model import build_tiny_model, make_token_batch
+from dlcrepro.model import make_token_batch
 from dlcrepro.train import Cell, PhaseTimer, Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 # the faults the tests inject, one list; the load past the manifest, one helper
-from test_sync_manifest import FAULTS, L, _changed, load_past_the_manifest, stale_fp8_scales  # noqa: E402
+from test_sync_manifest import L, _changed, fault_table, load_past_the_manifest, stale_fp8_scales  # noqa: E402
+
+
+def fresh_like(model, seed: int):
+    """Another checkpoint of the same architecture: `model`'s class and config, initialised anew."""
+    torch.manual_seed(seed)
+    return type(model)(model.config).to(next(model.parameters()).dtype)
 
 
 def per_layer(layers: int) -> dict:
@@ -67,7 +78,7 @@ def main() -> None:
     cfg = load(args.config, over)
     tr = Trainer(cfg, args.model, "fp8", "pg", 0, Path(args.model_dir))
     engines = {"bf16": tr.probe_engine, "fp8": tr.engine}
-    arch = cfg.models[args.model].arch
+    layers = tr.policy.config.num_hidden_layers
 
     def logp_of(model):
         return lambda pr, rs: tr.token_logp(model, make_token_batch(pr, rs, tr.tokenizer.pad_token_id).to(tr.device)).cpu()
@@ -80,7 +91,8 @@ def main() -> None:
         "dummy": lambda t1, t0, o: {k: torch.rand(v.shape, generator=torch.Generator().manual_seed(2)).mul(2e-3).sub(1e-3) for k, v in t1.items()},
         "another model": lambda t1, t0, o: o,
     }
-    faults = {name: make for name, (make, _named) in FAULTS.items()} | per_layer(arch["num_hidden_layers"]) | whole
+    faults = {name: make for name, (make, _named) in fault_table(layers).items()} | per_layer(layers) | whole
+    stale_key = f"{L}{min(2, layers - 1)}.mlp.down_proj.weight"
     cell = Cell()
     for e in engines.values():
         e.load_weights(state(tr.policy), 0)
@@ -90,7 +102,7 @@ def main() -> None:
         before = state(tr.policy)
         tr.step(cell, PhaseTimer())  # samples with the FP8 engine at θ_{k-1}, then θ_k = θ_{k-1} + update
         k, after = cell.step, state(tr.policy)
-        other = state(build_tiny_model(arch, 1000 + k))
+        other = state(fresh_like(tr.policy, 1000 + k))
         for ename, e in engines.items():
             cases = {"correct": None} | faults | ({"stale FP8 scales": None} if ename == "fp8" else {})
             for case, make in cases.items():
@@ -99,7 +111,7 @@ def main() -> None:
                 if case == "correct":
                     e.load_weights(after, k)
                 else:
-                    sent = stale_fp8_scales(e, after, before) if case == "stale FP8 scales" else e.transform(make(after, before, other))
+                    sent = stale_fp8_scales(e, after, before, stale_key) if case == "stale FP8 scales" else e.transform(make(after, before, other))
                     if load_past_the_manifest(e, sent, k).unknown:
                         note = ", nothing reloaded: the engine keeps θ_k-1"
                 t = time.perf_counter()
@@ -111,7 +123,7 @@ def main() -> None:
                 print(f"{k} {ename} {case}: {d:.4f} ({n}/{drawn}, {sec:.3f} s{note})", flush=True)
             # a correct sync of a collapsed-like policy: θ_k's final norm x40, every logit that much larger
             sharp = {n: v * 40.0 if n == "model.norm.weight" else v for n, v in after.items()}
-            sharp_model = build_tiny_model(arch, 0).to(tr.device).eval()
+            sharp_model = copy.deepcopy(tr.policy).eval()
             sharp_model.load_state_dict(sharp)
             e.load_weights(sharp, k)
             d, n = e.sync_discrepancy(logp_of(sharp_model), tr.eval_prompts)

@@ -3,6 +3,7 @@ are caught at the load, naming the parameter, before any sampling; and a load fa
 divergence (dlcrepro/manifest.py, train.Trainer.push_weights, dlcrepro/divergence.py)."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from dlcrepro.model import build_tiny_model, load_model
 pytestmark = pytest.mark.engine
 
 L = "model.layers."
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -64,28 +66,35 @@ def _zeroed(state: dict, prefix: str) -> dict:
     return {k: torch.zeros_like(v) if k.startswith(prefix) else v for k, v in state.items()}
 
 
-K1, Q1, DOWN1, DOWN3 = (f"{L}{n}" for n in ("1.self_attn.k_proj.weight", "1.self_attn.q_proj.weight", "1.mlp.down_proj.weight",
-                                           "3.mlp.down_proj.weight"))
-O2 = f"{L}2.self_attn.o_proj"
-Q0, O0 = f"{L}0.self_attn.q_proj.weight", f"{L}0.self_attn.o_proj.weight"
-# fault -> (what the push sends given θ_1, θ_0 and another checkpoint; a parameter the error names)
-FAULTS = {
-    "a dropped key": (lambda t1, t0, o: _without(t1, K1), K1),
-    "a dropped layer": (lambda t1, t0, o: _without(t1, f"{L}1."), DOWN1),
-    "a misnamed key": (lambda t1, t0, o: _renamed(t1, O2, f"{L}2.self_attn.out_proj"), f"{L}2.self_attn.out_proj.weight"),
-    "a key vLLM would ignore": (lambda t1, t0, o: _renamed(t1, f"{O2}.weight", f"{O2}.bias"), f"{O2}.bias"),
-    "a zeroed layer": (lambda t1, t0, o: _zeroed(t1, f"{L}1."), DOWN1),
-    "one layer's q_proj transposed": (lambda t1, t0, o: _changed(t1, Q1, lambda w: w.T.contiguous()), Q1),
-    "one layer's o_proj transposed": (lambda t1, t0, o: _changed(t1, f"{O2}.weight", lambda w: w.T.contiguous()), f"{O2}.weight"),
-    "the first layer's q_proj transposed": (lambda t1, t0, o: _changed(t1, Q0, lambda w: w.T.contiguous()), Q0),
-    "the first layer's o_proj transposed": (lambda t1, t0, o: _changed(t1, O0, lambda w: w.T.contiguous()), O0),
-    "one layer's down_proj transposed": (lambda t1, t0, o: _changed(t1, DOWN1, lambda w: w.T.contiguous()), DOWN1),
-    "one down_proj zeroed": (lambda t1, t0, o: _changed(t1, DOWN3, torch.zeros_like), DOWN3),
-    "layers 1 and 2 swapped": (lambda t1, t0, o: _swap_layers(t1, 1, 2), f"{L}2.self_attn.q_proj.weight"),
-    "a push one update stale": (lambda t1, t0, o: t0, f"{L}0.self_attn.q_proj.weight"),
-    "one layer from another checkpoint": (lambda t1, t0, o: {**t1, **{k: v for k, v in o.items() if k.startswith(f"{L}2.")}},
-                                          f"{L}2.self_attn.v_proj.weight"),
-}
+def fault_table(layers: int) -> dict:
+    """Issue 40's faults in what a push sends, for a model of `layers` layers: fault -> (what the push
+    sends given θ_1, θ_0 and another checkpoint; a parameter the error names). The tiny model's 4
+    layers name layers 1, 2 and 3 (and swap 1 and 2); the rehearsal's 2 name layer 1 throughout (and
+    swap 0 and 1)."""
+    a, b, c = 1, min(2, layers - 1), min(3, layers - 1)
+    k_a, q_a, down_a = (f"{L}{a}.{n}" for n in ("self_attn.k_proj.weight", "self_attn.q_proj.weight", "mlp.down_proj.weight"))
+    o_b, down_c = f"{L}{b}.self_attn.o_proj", f"{L}{c}.mlp.down_proj.weight"
+    q_0, o_0 = f"{L}0.self_attn.q_proj.weight", f"{L}0.self_attn.o_proj.weight"
+    return {
+        "a dropped key": (lambda t1, t0, o: _without(t1, k_a), k_a),
+        "a dropped layer": (lambda t1, t0, o: _without(t1, f"{L}{a}."), down_a),
+        "a misnamed key": (lambda t1, t0, o: _renamed(t1, o_b, f"{L}{b}.self_attn.out_proj"), f"{L}{b}.self_attn.out_proj.weight"),
+        "a key vLLM would ignore": (lambda t1, t0, o: _renamed(t1, f"{o_b}.weight", f"{o_b}.bias"), f"{o_b}.bias"),
+        "a zeroed layer": (lambda t1, t0, o: _zeroed(t1, f"{L}{a}."), down_a),
+        "one layer's q_proj transposed": (lambda t1, t0, o: _changed(t1, q_a, lambda w: w.T.contiguous()), q_a),
+        "one layer's o_proj transposed": (lambda t1, t0, o: _changed(t1, f"{o_b}.weight", lambda w: w.T.contiguous()), f"{o_b}.weight"),
+        "the first layer's q_proj transposed": (lambda t1, t0, o: _changed(t1, q_0, lambda w: w.T.contiguous()), q_0),
+        "the first layer's o_proj transposed": (lambda t1, t0, o: _changed(t1, o_0, lambda w: w.T.contiguous()), o_0),
+        "one layer's down_proj transposed": (lambda t1, t0, o: _changed(t1, down_a, lambda w: w.T.contiguous()), down_a),
+        "one down_proj zeroed": (lambda t1, t0, o: _changed(t1, down_c, torch.zeros_like), down_c),
+        f"layers {b - 1} and {b} swapped": (lambda t1, t0, o: _swap_layers(t1, b - 1, b), f"{L}{b}.self_attn.q_proj.weight"),
+        "a push one update stale": (lambda t1, t0, o: t0, q_0),
+        "one layer from another checkpoint": (lambda t1, t0, o: {**t1, **{k: v for k, v in o.items() if k.startswith(f"{L}{b}.")}},
+                                              f"{L}{b}.self_attn.v_proj.weight"),
+    }
+
+
+FAULTS = fault_table(4)  # the tiny model's
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp8"])
@@ -116,12 +125,12 @@ def test_a_wrong_push_is_caught_at_the_load_naming_the_parameter(engines, weight
 STALE_SCALES = f"{L}2.mlp.down_proj.weight"
 
 
-def stale_fp8_scales(engine: VLLMEngine, t1: dict, t0: dict) -> dict:
+def stale_fp8_scales(engine: VLLMEngine, t1: dict, t0: dict, key: str = STALE_SCALES) -> dict:
     """What the emulated FP8 engine is sent when one layer's block-FP8 codes of θ_1 go with θ_0's block
     scales (θ_0's weights there 1.5x larger: other scales), dequantized as the emulation holds them."""
-    codes, _ = quant.fp8_block_quantize(t1[STALE_SCALES])
-    _, stale = quant.fp8_block_quantize(1.5 * t0[STALE_SCALES])
-    return {**engine.transform(t1), STALE_SCALES: quant.fp8_block_dequantize(codes, stale).to(engine.dtype)}
+    codes, _ = quant.fp8_block_quantize(t1[key])
+    _, stale = quant.fp8_block_quantize(1.5 * t0[key])
+    return {**engine.transform(t1), key: quant.fp8_block_dequantize(codes, stale).to(engine.dtype)}
 
 
 def load_past_the_manifest(engine: VLLMEngine, sent: dict, version: int) -> manifest.Manifest:
@@ -145,6 +154,48 @@ def test_stale_fp8_scales_are_caught(engines, weights):
             engine.push(sent, 1, manifest.fingerprints(engine.transform(t1)))
     finally:
         engine.load_weights(t1, 1)
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp8"])
+def test_every_fault_is_caught_on_the_rehearsals_qwen3_checkpoint(rehearsal_cache, name):
+    """The same table on the rehearsal's Hugging Face Qwen3 checkpoint (2 layers, grouped-query
+    attention, head_dim 128, loaded as a paper job loads Qwen/Qwen3-0.6B): each fault, and on the
+    emulated FP8 engine stale block scales, is caught at the load naming the parameter; a correct
+    push passes."""
+    from test_rehearsal import snapshot
+
+    from dlcrepro.config import load
+
+    snap = snapshot(rehearsal_cache)
+    model = load_model(snap).eval()
+    layers = model.config.num_hidden_layers
+    t0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    g = torch.Generator().manual_seed(1)
+    t1 = {k: v + 0.05 * v.abs().mean() * torch.randn(v.shape, generator=g) for k, v in t0.items()}
+    t1["lm_head.weight"] = t1["model.embed_tokens.weight"]  # tied, as the trainer keeps them
+    torch.manual_seed(7)
+    other = {k: v.detach() for k, v in type(model)(model.config).state_dict().items()}
+    cfg = load(ROOT / "configs" / "rehearsal.yaml")
+    engine = VLLMEngine(str(snap), cfg.engine, name, seed=0, max_model_len=128)
+    engine.load_weights(t1, 1, expected=t1)
+    caught = []
+    cases = {f: (make(t1, t0, other), named) for f, (make, named) in fault_table(layers).items()}
+    if name == "fp8":
+        key = f"{L}{layers - 1}.mlp.down_proj.weight"
+        cases["stale FP8 scales"] = (stale_fp8_scales(engine, t1, t0, key), key)
+    for fault, (sent, named) in cases.items():
+        try:
+            if fault == "stale FP8 scales":  # already in the engine's form: pushed as the worker receives it
+                engine.push(sent, 1, manifest.fingerprints(engine.transform(t1)))
+            else:
+                engine.load_weights(sent, 1, expected=t1)
+        except WeightLoadError as e:
+            assert named in str(e), (fault, str(e)[:400])
+            caught.append(fault)
+        finally:
+            engine.load_weights(t1, 1, expected=t1)
+    assert caught == list(cases), f"not caught: {sorted(set(cases) - set(caught))}"
+    assert engine.version == 1 and engine.generate([[3, 4, 5]], 1, seed=0).response_ids
 
 
 @pytest.fixture(scope="module")
