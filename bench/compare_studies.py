@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 # summary keys that say how long, where or from which file, not what was computed
-NOT_COMPUTED = {"seconds_by_phase", "wall_seconds", "metrics_file", "model_dir", "computed_as", "tracking"}
+NOT_COMPUTED = {"seconds_by_phase", "wall_seconds", "steps_timed", "peak_host_rss_mb", "device_memory", "metrics_file", "model_dir", "computed_as", "tracking"}
 
 
 def cells(root: Path, pattern: str) -> dict[str, Path]:

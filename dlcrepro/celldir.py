@@ -75,6 +75,24 @@ def summarize(rows: list[dict], cell: Cell, meta: dict, seconds: dict) -> dict:
     }
 
 
+def resource_use(tr: Trainer) -> dict:
+    """The job's peak memory, for the calibrated plan (cluster/calibrate.py): the host's (this process
+    and, apart, its largest child, in MB) and the device's: torch's peak allocation and each engine's
+    KV-cache reservation; on a CPU torch's is None (no device) and the engines' are host memory."""
+    import resource
+
+    own, children = (resource.getrusage(w).ru_maxrss / 1024 for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    engines = {tr.engine_name(role): tr.engine_of(role) for role in ("sampler", "probe")}
+    return {
+        "peak_host_rss_mb": round(own + children, 1),
+        "device_memory": {
+            "device": str(tr.device),
+            "torch_max_allocated_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
+            "engine_kv_cache_bytes": {name: e.kv_cache_bytes() for name, e in engines.items()},
+        },
+    }
+
+
 def run_identity(meta: dict, cfg: Config) -> dict:
     """What makes a run this run: the cell and its whole config, as its config.yaml records them. A
     checkpoint is resumed only by the run it names."""
@@ -206,6 +224,7 @@ def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkp
     setup_sec = time.perf_counter() - t0
     ckpt, run = out / CKPT_FILE, run_identity(meta, cfg)
     cell = start_or_resume(tr, ckpt, out, meta, run, note)
+    first_step = cell.step  # a resumed run times only the steps after it
     trackers = tracking.open_trackers(cfg, out, note, first_step=cell.step + 1)
     trackers.start(meta, tracking.cell_params(cfg, meta))
     try:
@@ -220,6 +239,8 @@ def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkp
     digest = atomic_save(out / METRICS_FILE, lambda tmp: df.to_parquet(tmp, index=False))
     summary = summarize(cell.rows, cell, meta, totals)
     summary["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    summary["steps_timed"] = cell.step - first_step  # the steps seconds_by_phase covers
+    summary.update(resource_use(tr))
     summary["metrics_file"] = digest  # what `collect` checks the table against
     trackers.finish(summary)
     if trackers.status:

@@ -460,6 +460,20 @@ class VLLMEngine:
         self.reload_warnings: set[str] = set()  # what vLLM warned at its reloads (logged once each)
         self.reload_seconds = self.manifest_seconds = 0.0  # the last load's: vLLM's reload, the manifest's own work
 
+    def kv_cache_bytes(self) -> int | None:
+        """The KV cache this engine reserved: the bytes asked for (engine.kv_cache_mib, on a CPU), else
+        vLLM's blocks x block size x each token's K and V over the layers; None where this process's
+        config does not hold the block count (vLLM's engine core in another process)."""
+        cc = self.llm.llm_engine.vllm_config.cache_config
+        if cc.kv_cache_memory_bytes:
+            return int(cc.kv_cache_memory_bytes)
+        if not cc.num_gpu_blocks:
+            return None
+        hf = self.llm.llm_engine.model_config.hf_config
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        elem = 1 if str(cc.cache_dtype).startswith("fp8") else torch.tensor([], dtype=self.dtype).element_size()
+        return int(cc.num_gpu_blocks * cc.block_size * 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * elem)
+
     @property
     def kind(self) -> str:
         """The engine's precision as its error messages name it."""
