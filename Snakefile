@@ -18,6 +18,7 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/scaling.smk"
 include: "workflow/rules/rehearsal.smk"
+include: "workflow/rules/pilot.smk"
 
 
 show_plan()  # at parse time: a dry run with missing weights stops here (workflow/rules/common.smk)

@@ -187,8 +187,45 @@ def cmd_plan(args) -> int:
     from .cluster import load_merged, missing_message, plan_text
 
     cfg = load_merged(args.config, _overrides(args.set))
+    if args.calibrate:
+        calibrate_plan(cfg, Path(args.calibrate), args.projection_error)
+        print()
     print(plan_text(cfg, " ".join(args.config)))
     return 1 if missing_message(cfg) else 0
+
+
+def calibrate_plan(cfg, results: Path, earlier: str | None) -> None:
+    """`plan --calibrate RESULTS`: the calibrated plan from what ran under RESULTS, written to
+    RESULTS/_calibration.json; with --projection-error, first how far an earlier calibration's
+    projections were from the jobs that have run since."""
+    from .cluster import calibration, calibration_path, calibration_text, measurements, project, projection_errors
+    from .util import atomic_write_text
+
+    if not results.is_dir():
+        raise SystemExit(f"plan --calibrate {results}: no such directory (the results_dir of a run: the pilot's or the grid's)")
+    measured = measurements(cfg, results)
+    if not measured:
+        raise SystemExit(f"plan --calibrate {results}: no finished job of {cfg.name!r}'s grid or pilot there; run the pilot "
+                         f"first: snakemake --configfile <config> pilot")
+    if earlier:
+        errors = projection_errors(json.loads(Path(earlier).read_text()), measured)
+        if not errors:
+            raise SystemExit(f"--projection-error {earlier}: none of its projected jobs has run under {results}")
+        print(f"projection error of {earlier} (projected / measured - 1), per job:")
+        for e in errors:
+            print(f"  {e['job']:<60} {e['projected_min']:7.2f} min projected {e['measured_min']:7.2f} measured {e['error']:+7.1%}")
+        cells = [e for e in errors if e["kind"] == "train"]
+        if cells:
+            total = sum(e["projected_min"] for e in cells) / sum(e["measured_min"] for e in cells) - 1
+            worst = max(cells, key=lambda e: abs(e["error"]))
+            print(f"total cell-time of {len(cells)} trained cells: {sum(e['projected_min'] for e in cells):.2f} min projected, "
+                  f"{sum(e['measured_min'] for e in cells):.2f} measured ({total:+.1%}); largest cell error {worst['error']:+.1%} ({worst['job']})")
+        print()
+    path = calibration_path(cfg, results)
+    atomic_write_text(path, json.dumps(calibration(cfg, project(cfg, measured), str(results)), indent=1) + "\n")
+    print(calibration_text(cfg, project(cfg, measured), path))
+    if results.resolve() != Path(cfg.results_dir).resolve():
+        print(f"note: the workflow reads {calibration_path(cfg, cfg.results_dir)} (results_dir); this one is under {results}")
 
 
 def cmd_rehearsal(args) -> int:
@@ -330,6 +367,10 @@ def main(argv: list[str] | None = None) -> int:
     pl = sub.add_parser("plan", help="before submitting: cells trained and copied, GPU-hours requested and estimated, the largest job, missing weights or data")
     pl.add_argument("--config", nargs="+", default=["configs/tiny.yaml"], help="config files, merged in order (as snakemake --configfile)")
     pl.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (dotted)")
+    pl.add_argument("--calibrate", metavar="RESULTS", help="calibrate from the jobs that ran under RESULTS (the pilot's, the grid's): "
+                    "project the rest, write RESULTS/_calibration.<config name>.json (the rules' requests then read it)")
+    pl.add_argument("--projection-error", metavar="CALIBRATION", help="with --calibrate: first compare an earlier calibration "
+                    "file's projections with the jobs that have run since")
     pl.set_defaults(fn=cmd_plan)
 
     argv = list(sys.argv[1:] if argv is None else argv)

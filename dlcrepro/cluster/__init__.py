@@ -9,12 +9,29 @@ One module per concern, each importing only those above it:
     device.py     a job that asks for a GPU stops where torch has none (`check_device`)
     cache.py      the weights and data the jobs read from the Hugging Face cache, and what is missing
     plan.py       the plan's text (`python -m dlcrepro plan`, the Snakefile's)
+    calibrate.py  the plan calibrated from the jobs that ran (`plan --calibrate`), the pilot's jobs
 
 Torch-free (like grid.py and config.py): the Snakefile imports it to lay out the DAG and print the
 plan, also from a Snakemake environment without torch. `check_device` imports torch only when a
 job asks for a GPU. The names below are the package's: `from dlcrepro.cluster import check_device`.
 """
 
+from .calibrate import (
+    CALIBRATION_FILE,
+    calibration_path,
+    PILOT_DIR,
+    PILOT_OVERRIDES,
+    CalibrationError,
+    calibration,
+    calibration_text,
+    load_calibration,
+    measurements,
+    pilot_cells,
+    pilot_initial_eval_jobs,
+    pilot_rollouts_jobs,
+    project,
+    projection_errors,
+)
 from .cache import Need, blocking, checkpoint_problem, missing_message, needs
 from .cells import (
     GridCell,
@@ -55,6 +72,8 @@ from .plan import load_merged, memory_line, plan_text
 from .resources import COPY_RESOURCES, JOBS, TRAIN_DEFAULTS, gpu_key, gres, job_resources
 
 __all__ = [
+    "CALIBRATION_FILE", "calibration_path", "PILOT_DIR", "PILOT_OVERRIDES", "CalibrationError", "calibration", "calibration_text", "load_calibration",
+    "measurements", "pilot_cells", "pilot_initial_eval_jobs", "pilot_rollouts_jobs", "project", "projection_errors",
     "COPY_RESOURCES", "COST_MODEL", "ENGINE_START_S", "GPU_GIB", "HEAD_INPUT_BYTES", "JOBS", "LAYER_BYTES", "LOGIT_BYTES",
     "OUTSIDE_LAYERS_BYTES", "PROMPT_TOKENS", "RESPONSE_TOKENS", "TRAIN_DEFAULTS", "DeviceError", "GridCell", "Need",
     "PeakMemory", "StepCost", "blocking", "check_device", "checkpoint_problem", "copy_source", "estimated_minutes",

@@ -11,6 +11,7 @@ from typing import Any
 from ..config import Config
 from ..registry import correction_info
 from .cache import blocking, needs
+from .calibrate import PILOT_DIR, PILOT_STEPS, calibration_path, load_calibration, pilot_cells, pilot_initial_eval_jobs, pilot_rollouts_jobs
 from .cells import finished, grid_cells, initial_eval_jobs, rollouts_jobs
 from .costs import RESPONSE_TOKENS, estimated_minutes, initial_eval_minutes, rollouts_minutes, shared_sampling_minutes
 from .memory import GPU_GIB, PROMPT_TOKENS, engines_per_job, peak_memory, worst_peak_memory
@@ -47,6 +48,7 @@ def plan_text(cfg: Config, source: str = "") -> str:
 
     cells = grid_cells(cfg)
     g = cfg.grid
+    cal = load_calibration(cfg, cfg.results_dir)  # the requests of `plan --calibrate`, where it ran
     lines = [
         f"dlcrepro plan: {cfg.name}" + (f" ({source})" if source else ""),
         f"grid: {len(g.models)} models x {len(g.samplers)} samplers x {len(g.corrections)} corrections x {len(g.seeds)} seeds"
@@ -64,6 +66,10 @@ def plan_text(cfg: Config, source: str = "") -> str:
     if initial:
         lines.append(f"θ_0 evaluations: {len(initial)} job(s) first, one per model and seed: θ_0's accuracies, where every "
                      "cell's curve starts, evaluated once (dlcrepro/initial_eval.py); counted in the GPU-hours below")
+    pilot = pilot_cells(cfg)
+    lines.append(f"pilot (target `pilot`, then `python -m dlcrepro plan --calibrate {cfg.results_dir}`): {len(pilot)} cell(s) cut to "
+                 f"{PILOT_STEPS} steps, one per cost class, under {Path(cfg.results_dir) / PILOT_DIR}, with {len(pilot_initial_eval_jobs(cfg))} "
+                 f"θ_0 evaluation(s) and {len(pilot_rollouts_jobs(cfg))} rollouts job(s) of the grid's own")
     def row(*cols) -> str:
         return "{:<12}{:>6}{:>9}{:>8}{:>6}  {:<22}{:>16}  {}".format(*cols)
 
@@ -74,30 +80,37 @@ def plan_text(cfg: Config, source: str = "") -> str:
         trained = [c for c in mine if c.same_as is None]
         done = sum(finished(cfg, c) for c in mine)
         r = job_resources(cfg, m)
-        requested = sum(gpu_minutes(job_resources(cfg, m, "train" if c.same_as is None else "copy")) for c in mine)
+        each = [job_resources(cfg, m, "train", c.sampler, cal, c.name) for c in trained]
+        requested = sum(gpu_minutes(job_resources(cfg, m, "train" if c.same_as is None else "copy", c.sampler, cal, c.name)) for c in mine)
         est = estimated_minutes(cfg, m)
         est_gpu = None if est is None else est * r["gpu"] * len(trained)
         for _, sampler, seed in (j for j in shared if j[0] == m):  # each rollouts job, and the cells that read it
-            requested += gpu_minutes(job_resources(cfg, m, "rollouts", sampler))
+            requested += gpu_minutes(job_resources(cfg, m, "rollouts", sampler, cal, f"{m}/{sampler}/seed{seed}"))
             if est_gpu is not None:
                 readers = [c for c in trained if c.sampler == sampler and c.seed == seed and not correction_info(c.correction).resync]
                 # a resync correction reads the file only until its first resync: counted as sampling it all
                 est_gpu += r["gpu"] * (rollouts_minutes(cfg, m, sampler) - len(readers) * shared_sampling_minutes(cfg, m, sampler))
-        for _ in (j for j in initial if j[0] == m):  # each θ_0 evaluation job
-            requested += gpu_minutes(job_resources(cfg, m, "initial_eval"))
+        for _, seed in (j for j in initial if j[0] == m):  # each θ_0 evaluation job
+            requested += gpu_minutes(job_resources(cfg, m, "initial_eval", None, cal, f"{m}/seed{seed}"))
             if est_gpu is not None:
                 est_gpu += r["gpu"] * initial_eval_minutes(cfg, m)
-        per_job = f"{r['gpu']} GPU, {r['runtime']} min, {r['mem_mb'] // 1000} GB"
+        runtimes, mems = sorted({e["runtime"] for e in each}) or [r["runtime"]], sorted({e["mem_mb"] for e in each}) or [r["mem_mb"]]
+        span = lambda xs: f"{xs[0]}" if len(xs) == 1 else f"{xs[0]}-{xs[-1]}"  # noqa: E731
+        per_job = f"{r['gpu']} GPU, {span(runtimes)} min, {span([x // 1000 for x in mems])} GB"
         est_text = "—" if est_gpu is None else f"{_hours(est_gpu)} ({est:.0f} min/job)"
         lines.append(row(m, len(mine), len(trained), len(mine) - len(trained), done, per_job, _hours(requested), est_text))
         total_req += requested
         total_est += est_gpu or 0
-        key = (gpu_minutes(r), r["runtime"], r["mem_mb"])
-        if trained and (largest is None or key > largest[0]):
-            largest = (key, trained[0], r, len(trained))
+        for c, e in zip(trained, each):
+            key = (gpu_minutes(e), e["runtime"], e["mem_mb"])
+            if largest is None or key > largest[0]:
+                largest = (key, c, e, sum(x == e for x in each))
     n_trained = sum(c.same_as is None for c in cells)
     lines.append(row("total", len(cells), n_trained, len(cells) - n_trained, "", "", _hours(total_req), _hours(total_est)))
     lines.append("GPU-h requested: Σ runtime × GPUs of the Slurm requests; estimated: the H200 cost model of docs/cluster.md (— where a model is not in it)")
+    where = calibration_path(cfg, cfg.results_dir)
+    lines.append(f"requests calibrated: {len(cal['jobs'])} jobs' runtime and memory from {where} (python -m dlcrepro plan --calibrate)"
+                 if cal else f"requests uncalibrated (no {where}: run the pilot, then python -m dlcrepro plan --calibrate {cfg.results_dir})")
     if largest:
         _, cell, r, n = largest
         lines.append(

@@ -25,26 +25,41 @@ ESTIMATES: dict[str, Callable[[Config, str, str | None], float | None]] = {
     "rollouts": lambda cfg, model, sampler: rollouts_minutes(cfg, model, sampler),
     "initial_eval": lambda cfg, model, sampler: initial_eval_minutes(cfg, model),
 }
-JOBS = ("train", "copy", "scan", *ESTIMATES)
+JOBS = ("train", "pilot", "copy", "scan", *ESTIMATES)
 
 
-def job_resources(cfg: Config, model: str, job: str = "train", sampler: str | None = None) -> dict[str, int]:
+def job_resources(cfg: Config, model: str, job: str = "train", sampler: str | None = None, calibration: dict | None = None,
+                  name: str | None = None, attempt: int = 1) -> dict[str, int]:
     """The Slurm resources (gpu, runtime, mem_mb, cpus_per_task) of a job of kind `job` on `model`:
 
         train         the model's `resources`, else the config's `resources`, else TRAIN_DEFAULTS
+        pilot         a pilot cell (calibrate.py): a training job's
         copy          a cell that copies another's metrics: COPY_RESOURCES
         rollouts      a training job's, its runtime from the cost model (ESTIMATES; `sampler` needed)
         initial_eval  the same
         scan          as a training job's, with SCAN_DEFAULTS, on SCAN_THREADS cores
 
-    Values given on a command line arrive as text, hence int()."""
+    With a `calibration` (calibrate.load_calibration) that holds the job `name` (a cell's
+    model/sampler/correction/seed<k>, a rollouts job's model/sampler/seed<k>, a θ_0 evaluation's
+    model/seed<k>), its runtime and mem_mb are the calibration's. Attempt n of a job (Snakemake's
+    `attempt`: a retry after a failure, e.g. a job killed at its time limit) asks for 2^(n-1) times
+    the runtime. Values given on a command line arrive as text, hence int()."""
+    r = _base_resources(cfg, model, job, sampler)
+    if calibration is not None and name is not None:
+        key = f"{'train' if job == 'copy' else job}/{name}"
+        r.update({k: int(v) for k, v in calibration["jobs"].get(key, {}).items() if k in ("runtime", "mem_mb")})
+    r["runtime"] *= 2 ** (int(attempt) - 1)
+    return r
+
+
+def _base_resources(cfg: Config, model: str, job: str, sampler: str | None) -> dict[str, int]:
     if job == "copy":
         return dict(COPY_RESOURCES)
     own = cfg.models[model].resources
     if job == "scan":
         r = {k: int(own.get(k, cfg.resources.get(k, d))) for k, d in SCAN_DEFAULTS.items()}
         return {**r, "cpus_per_task": SCAN_THREADS}
-    if job != "train" and job not in ESTIMATES:
+    if job not in ("train", "pilot") and job not in ESTIMATES:
         raise ValueError(f"unknown job kind {job!r}: one of {', '.join(JOBS)}")
     r = {k: int(own.get(k, cfg.resources.get(k, d))) for k, d in TRAIN_DEFAULTS.items()}
     est = ESTIMATES[job](cfg, model, sampler) if job in ESTIMATES else None

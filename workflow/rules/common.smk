@@ -240,17 +240,61 @@ def model_dir_arg(wildcards):
     return m["path"]
 
 
+# The calibrated plan's requests (`python -m dlcrepro plan --calibrate RESULTS`, dlcrepro/cluster/calibrate.py),
+# where that file exists: each job it measured or projected asks for what it says.
+try:
+    CALIBRATION = cluster.load_calibration(CFG, RESULTS)
+except cluster.CalibrationError as e:
+    raise WorkflowError(str(e))
+
+
+def job_name(job, wildcards):
+    """A job's name as the calibration file keys it: a cell's model/sampler/correction/seed<k>, a
+    rollouts job's model/sampler/seed<k>, a θ_0 evaluation's model/seed<k>."""
+    w = wildcards
+    if job in ("train", "pilot"):
+        return f"{w.model}/{w.sampler}/{w.correction}/seed{w.seed}"
+    if job == "rollouts":
+        return f"{w.model}/{w.sampler}/seed{w.seed}"
+    if job == "initial_eval":
+        return f"{w.model}/seed{w.seed}"
+    return None
+
+
 def job_resource(job, name):
     """One Slurm resource (gpu, runtime, mem_mb, cpus_per_task, or gres: the GPUs as a GRES string)
-    of a job of kind `job` (train, rollouts, initial_eval, scan), as a function of its wildcards:
-    cluster.job_resources; a training cell that copies another's run is a `copy` job."""
+    of a job of kind `job` (train, pilot, rollouts, initial_eval, scan), as a function of its
+    wildcards and attempt: cluster.job_resources, with the calibration's requests where it has the
+    job, and twice the runtime at each retry (a job killed at its time limit resumes from its
+    checkpoint); a training cell that copies another's run is a `copy` job."""
 
-    def get(wildcards):
+    def get(wildcards, attempt=1):
         kind = "copy" if job == "train" and same_cell(wildcards) is not None else job
-        r = cluster.job_resources(CFG, wildcards.model, kind, getattr(wildcards, "sampler", None))
+        r = cluster.job_resources(CFG, wildcards.model, kind, getattr(wildcards, "sampler", None), CALIBRATION,
+                                  job_name(job, wildcards), attempt)
         return cluster.gres(r) if name == "gres" else r[name]
 
     return get
+
+
+# ----------------------------------------------------------------------------- the pilot
+# The jobs that time every phase before the grid is submitted (workflow/rules/pilot.smk,
+# dlcrepro/cluster/calibrate.py).
+
+
+def pilot_cell_dir(model, sampler, correction, seed):
+    return f"{RESULTS}/{cluster.PILOT_DIR}/{model}/{sampler}/{correction}/seed{seed}"
+
+
+def pilot_targets():
+    """Every file the pilot writes last: its cells' summaries, its rollouts and θ_0 evaluations."""
+    cells = [f"{pilot_cell_dir(c.model, c.sampler, c.correction, c.seed)}/summary.json" for c in cluster.pilot_cells(CFG)]
+    rollouts = [rollouts_file(*j) for j in cluster.pilot_rollouts_jobs(CFG)]
+    initial = [initial_eval_file(*j) for j in cluster.pilot_initial_eval_jobs(CFG)]
+    return initial + rollouts + cells
+
+
+PILOT_SET = " ".join(f"--set {k}={v}" for k, v in cluster.PILOT_OVERRIDES.items())
 
 
 # ----------------------------------------------------------------------------- the outputs
@@ -354,7 +398,7 @@ def fork_server_wanted():
 def start_fork_server():
     """Start the server if this run has training jobs to do; jobs run in their own processes
     while it imports, and whenever it is absent."""
-    if not fork_server_wanted() or not any(j.rule.name == "train" for j in workflow.dag.needrun_jobs()):
+    if not fork_server_wanted() or not any(j.rule.name in ("train", "pilot_cell") for j in workflow.dag.needrun_jobs()):
         return None
     from dlcrepro.server import private_dir  # stdlib only, like dlcrepro.config
 
