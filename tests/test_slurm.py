@@ -235,3 +235,37 @@ def test_two_rehearsal_cells_of_the_paper_config_run_as_slurm_jobs(slurm_cluster
         assert summary["steps"] == 2 and summary["model_dir"].startswith(str(rehearsal_cache)), summary
         log = (out["results_dir"] / "_logs" / "train" / "qwen3-rehearsal" / cell.parent.parent.name / cell.parent.name / "seed0.log").read_text()
         assert "SLURM_JOB_ID=" in log, log
+
+
+def test_a_job_killed_at_its_time_limit_is_retried_with_twice_the_time_and_resumes_from_its_checkpoint(
+        slurm_cluster, snakemake_slurm, warm_outdirs, tmp_path):
+    """A cell asking for 1 minute that needs more: Slurm ends it at its limit (TIMEOUT), snakemake
+    submits it again with twice the runtime (job_resource's `attempt`, workflow/rules/common.smk), and
+    the new job resumes from the checkpoint the killed one left, until one finishes."""
+    out, config, shared = warm_outdirs
+    cell = out["results_dir"] / "tiny" / "bf16" / "pg" / "seed0"
+    cfg = yaml.safe_load(SMOKE.read_text())
+    # 300 steps: 75 s at 0.25 s a step, 330 s at 1.1 (this machine, idle to loaded): more than the first
+    # attempt's minute, and done by the third's 4 minutes, each attempt resuming where the last stopped
+    cfg["train"].update(steps=300, ckpt_every=2, eval_every=100)
+    cfg["models"]["tiny"]["resources"] = {"runtime": 1}
+    path = tmp_path / "short-limit.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    cmd = slurm_cmd(snakemake_slurm, config, cell / "summary.json", extra=("--retries", "3", *shared), configfile=path)
+    with stopped_after(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), signal.SIGINT) as proc:
+        first = wait_for("the cell's first Slurm job", lambda: cell_jobs(cell), 300, proc)[0]
+        shown = lambda: subprocess.run(["scontrol", "show", "job", first], capture_output=True, text=True).stdout  # noqa: E731
+        assert "TimeLimit=00:01:00" in shown(), shown()
+        wait_for("the first job's end at its time limit", lambda: "JobState=TIMEOUT" in shown(), 300, proc)
+        assert verified_step(cell / "checkpoint.pt"), "the killed job left no checkpoint to resume from"
+        output, _ = proc.communicate(timeout=1800)
+    assert proc.returncode == 0, output[-4000:]
+    log = (cell / "train.log").read_text()
+    jobs = list(dict.fromkeys(re.findall(r"SLURM_JOB_ID=(\d+)", log)))
+    assert len(jobs) >= 2 and jobs[0] == first, log
+    assert re.search(r"resuming .* from step [1-9]", log), log
+    limits = [re.search(r"TimeLimit=(\S+)", subprocess.run(["scontrol", "show", "job", j], capture_output=True, text=True).stdout) for j in jobs]
+    # each retry asks for twice the time (jobs Slurm has purged already are not shown)
+    want = [f"00:{2 ** i:02d}:00" for i in range(len(jobs))]
+    assert [m.group(1) for m in limits if m] == [w for w, m in zip(want, limits) if m], limits
+    assert json.loads((cell / "summary.json").read_text())["steps"] == 300
