@@ -108,6 +108,9 @@ def test_kill_and_resume_gives_the_same_metrics_as_an_uninterrupted_run(tiny_mod
     pd.testing.assert_frame_equal(a[cols], b[cols])
     # the checkpoint resumed from was written before its own time was known
     assert b.loc[b["sec_checkpoint"].isna(), "step"].tolist() == [resumed_at]
+    # its summary times the steps after it, what the calibrated plan divides by (cluster/calibrate.py)
+    summaries = [json.loads((d / "summary.json").read_text()) for d in (ref, out)]
+    assert [s["steps_timed"] for s in summaries] == [6, 6 - resumed_at]
 
 
 def test_forced_threshold_resyncs_and_no_update_uses_a_batch_below_it(tiny_model_dir, tmp_path):
