@@ -184,13 +184,16 @@ def cmd_scan(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from .cluster import load_merged, missing_message, plan_text
+    from .cluster import CalibrationError, load_merged, missing_message, plan_text
 
     cfg = load_merged(args.config, _overrides(args.set))
     if args.calibrate:
         calibrate_plan(cfg, Path(args.calibrate), args.projection_error)
         print()
-    print(plan_text(cfg, " ".join(args.config)))
+    try:
+        print(plan_text(cfg, " ".join(args.config)))
+    except CalibrationError as e:  # a calibration file of another config under results_dir
+        raise SystemExit(f"plan: {e}") from None
     return 1 if missing_message(cfg) else 0
 
 

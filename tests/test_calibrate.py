@@ -71,6 +71,10 @@ def test_a_calibration_of_another_config_is_refused_naming_the_file_and_the_fix(
     other = load_merged([str(REHEARSAL)], {"results_dir": str(tmp_path), "train.steps": 16})
     with pytest.raises(CalibrationError, match=re.escape(str(calibration_path(other, tmp_path))) + ".*plan --config .* --calibrate"):
         load_calibration(other, tmp_path)
+    # the plan says so too, in one line, not a traceback
+    p = subprocess.run([sys.executable, "-m", "dlcrepro", "plan", "--config", str(REHEARSAL), "--set", f"results_dir={tmp_path}",
+                        "--set", "train.steps=16"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "was calibrated for another config" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
 def snakemake(*args, timeout=1800):
