@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The calibrated plan's error, measured on the rehearsal (docs/measurements.md, "The calibrated plan's
+# error on the rehearsal"): the pilot, the plan calibrated from it (kept as _calibration.after-pilot.json),
+# the rest of the grid, then each job's projected minutes against its measured ones and the total
+# cell-time's error. A timing measurement: run it alone on the machine.
+#
+#   bash bench/calibrate_rehearsal.sh [results dir, default rehearsal/results]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RESULTS=${1:-rehearsal/results}
+SMK=(.venv/bin/snakemake --cores 2 --configfile configs/rehearsal.yaml --config "results_dir=$RESULTS")
+PLAN=(.venv/bin/python -m dlcrepro plan --config configs/rehearsal.yaml --set "results_dir=$RESULTS")
+
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p'); avx512f: $(grep -qw avx512f /proc/cpuinfo && echo yes || echo no);" \
+     "amx: $(grep -qw amx_tile /proc/cpuinfo && echo yes || echo no); commit $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes')"
+start=$(date +%s)
+"${SMK[@]}" pilot
+echo "pilot: $(( $(date +%s) - start )) s"
+"${PLAN[@]}" --calibrate "$RESULTS" | sed -n '1,/^written/p'
+cp "$RESULTS/_calibration.rehearsal.json" "$RESULTS/_calibration.after-pilot.json"
+start=$(date +%s)
+"${SMK[@]}"
+echo "the rest of the grid: $(( $(date +%s) - start )) s"
+"${PLAN[@]}" --calibrate "$RESULTS" --projection-error "$RESULTS/_calibration.after-pilot.json" | sed -n '1,/^total cell-time/p'
