@@ -8,17 +8,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=${1:-rehearsal/results}
-SMK=(.venv/bin/snakemake --cores 2 --configfile configs/rehearsal.yaml --config "results_dir=$RESULTS")
+# targets first: --configfile and --config take every word after them
+SMK_ARGS=(--cores 2 --configfile configs/rehearsal.yaml --config "results_dir=$RESULTS")
 PLAN=(.venv/bin/python -m dlcrepro plan --config configs/rehearsal.yaml --set "results_dir=$RESULTS")
 
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'); avx512f: $(grep -qw avx512f /proc/cpuinfo && echo yes || echo no);" \
      "amx: $(grep -qw amx_tile /proc/cpuinfo && echo yes || echo no); commit $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes')"
 start=$(date +%s)
-"${SMK[@]}" pilot
+.venv/bin/snakemake pilot "${SMK_ARGS[@]}"
 echo "pilot: $(( $(date +%s) - start )) s"
 "${PLAN[@]}" --calibrate "$RESULTS" | sed -n '1,/^written/p'
 cp "$RESULTS/_calibration.rehearsal.json" "$RESULTS/_calibration.after-pilot.json"
 start=$(date +%s)
-"${SMK[@]}"
+.venv/bin/snakemake "${SMK_ARGS[@]}"
 echo "the rest of the grid: $(( $(date +%s) - start )) s"
 "${PLAN[@]}" --calibrate "$RESULTS" --projection-error "$RESULTS/_calibration.after-pilot.json" | sed -n '1,/^total cell-time/p'
