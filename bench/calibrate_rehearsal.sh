@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The calibrated plan's error, measured on the rehearsal (docs/measurements.md, "The calibrated plan's
-# error on the rehearsal"): the pilot, the plan calibrated from it (kept as _calibration.after-pilot.json),
+# The calibrated plan's error, measured on the rehearsal (docs/measurements.md, "The pilot, the
+# calibration and time limits that learn"): the pilot, the plan calibrated from it (kept as _calibration.after-pilot.json),
 # the rest of the grid, then each job's projected minutes against its measured ones and the total
 # cell-time's error. A timing measurement: run it alone on the machine.
 #
