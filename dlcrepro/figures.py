@@ -144,7 +144,8 @@ def seed_count(d: pd.DataFrame, by=A.CELL) -> str:
     return f"{lo} seed{'s' if lo != 1 else ''}" if lo == hi else f"{lo}–{hi} seeds"
 
 
-DIVERGENCE = "× a diverged run's last step (non-finite update or weights, or 10-fold weight growth failing the sync check): out of mean and axes"
+DIVERGENCE = ("× a diverged run's last step (non-finite update or weights, or 10-fold weight growth failing the sync check): "
+              "out of mean and axes; × on a panel's bottom edge: a run that diverged at that step, before its first value")
 
 
 def diverged_set(runs: pd.DataFrame | None) -> frozenset:
@@ -155,12 +156,14 @@ def diverged_set(runs: pd.DataFrame | None) -> frozenset:
     return frozenset(map(tuple, d.itertuples(index=False)))
 
 
-def over_seeds(d: pd.DataFrame, by=A.CELL, runs: pd.DataFrame | None = None) -> str:
-    """The caption's phrase for what a line and its thin lines are, and the divergence mark."""
+def over_seeds(d: pd.DataFrame, by=A.CELL, runs: pd.DataFrame | None = None, shown: pd.DataFrame | None = None) -> str:
+    """The caption's phrase for what a line and its thin lines are, and the divergence mark if a run
+    of the figure's samplers and corrections (those of `shown`, default `d`) diverged."""
     n = d.groupby(list(by))["seed"].nunique()
     what = (f"thick line: mean over the finished runs of {seed_count(d, by)} per cell, thin lines: each seed"
             if len(n) and n.max() > 1 else f"{seed_count(d, by)} per cell")
-    diverged = [r for r in diverged_set(runs) if r[1] in set(d["sampler"]) and r[2] in set(d["correction"])]
+    shown = d if shown is None else shown
+    diverged = [r for r in diverged_set(runs) if r[1] in set(shown["sampler"]) and r[2] in set(shown["correction"])]
     return what + (f"; {DIVERGENCE}" if diverged else "; no run diverged")
 
 
@@ -238,8 +241,10 @@ def _mean_band(ax, d: pd.DataFrame, y: str, line: dict, x: str = "step", band: s
                              zorder=4))
 
 
-def _correction_lines(ax, d: pd.DataFrame, y: str, styles: dict[str, Style], runs, band: bool = True, **extra) -> None:
-    """Every correction of one panel (`d`: one model and sampler), copies drawn last, over their source."""
+def _correction_lines(ax, d: pd.DataFrame, y: str, styles: dict[str, Style], runs, band: bool = True,
+                      panel: tuple[str, str] | None = None, **extra) -> None:
+    """Every correction of one panel (`d`: one model and sampler), copies drawn last, over their source;
+    with `panel` (model, sampler), also the panel's diverged runs that have no value of `y` at all."""
     cells = d.groupby(A.CELL, sort=False)
     flagged = [(key, is_copy(runs, *key)) for key in cells.groups]
     diverged = diverged_set(runs)
@@ -247,6 +252,25 @@ def _correction_lines(ax, d: pd.DataFrame, y: str, styles: dict[str, Style], run
         # a copy's thin lines are its source's: drawn once
         _mean_band(ax, cells.get_group((model, sampler, corr)), y, {**styles[corr].line(copied), **extra},
                    band="seeds" if band and not copied else False, diverged=diverged)
+    if panel is not None:
+        _unmeasured_divergences(ax, d, y, styles, runs, panel)
+
+
+def _unmeasured_divergences(ax, d: pd.DataFrame, y: str, styles: dict[str, Style], runs, panel: tuple[str, str]) -> None:
+    """A run that diverged before its first value of `y` (accuracy is measured every eval_every steps;
+    a run can diverge before the first) would vanish from the panel: it gets its cross at the step
+    it diverged, on the panel's bottom edge, where no value is implied."""
+    if runs is None or "diverged_at_step" not in runs:
+        return
+    seen = set(map(tuple, d.loc[d[y].notna(), A.RUN].itertuples(index=False))) if len(d) else set()
+    gone = runs.loc[runs["diverged_at_step"].notna() & (runs["model"] == panel[0]) & (runs["sampler"] == panel[1])]
+    edge = ax.get_xaxis_transform()  # x in steps, y in the axes' own 0..1
+    for r in gone.itertuples(index=False):
+        if (r.model, r.sampler, r.correction, r.seed) in seen or r.correction not in styles:
+            continue
+        ax.add_artist(Line2D([r.diverged_at_step], [0.0], transform=edge, ls="none", marker="x", ms=7, mew=1.6,
+                             color=styles[r.correction].color, clip_on=False, zorder=4))
+        ax.dataLim.update_from_data_x(np.array([r.diverged_at_step], float), ignore=False)  # its step inside the x range
 
 
 def _reference(ax, y: float, label: str, ls) -> None:
@@ -368,7 +392,7 @@ def ess(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
         for j, s in enumerate(samplers):
             ax = axes[i, j]
             ds = d.loc[(d["model"] == m) & (d["sampler"] == s)]
-            _correction_lines(ax, ds, "ess_seen", styles, runs, markevery=every)
+            _correction_lines(ax, ds, "ess_seen", styles, runs, panel=(m, s), markevery=every)
             for corr, g in ds.groupby("correction"):
                 _mean_band(ax, g, "ess_lag_gauss", dict(color=styles[corr].color, ls=styles[corr].linestyle, lw=0.7, alpha=0.6), band=False,
                            diverged=diverged_set(runs))
@@ -399,7 +423,7 @@ def noise_floor(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure
     for i, m in enumerate(models):
         for j, s in enumerate(samplers):
             ax = axes[i, j]
-            _correction_lines(ax, d.loc[(d["model"] == m) & (d["sampler"] == s)], "ratio_ma", styles, runs)
+            _correction_lines(ax, d.loc[(d["model"] == m) & (d["sampler"] == s)], "ratio_ma", styles, runs, panel=(m, s))
             _reference(ax, 1.0, "1× floor", ":")
             _reference(ax, A.LEAVE_FLOOR_RATIO, "2× floor", "--")
             ax.set(yscale="log", title=f"{m} / {s}", xlabel="step", ylabel="dev / floor (3-step mean; × floor)")
@@ -417,21 +441,22 @@ def noise_floor(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure
 def accuracy(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     """Test accuracy (the reported measure: train.eval_on / eval_mode) at eval steps, per correction and sampler."""
     d = steps.loc[steps["test_accuracy"].notna()]
-    styles = correction_styles(d["correction"].unique())
+    # every correction of the grid, also one whose runs all diverged before the first eval
+    styles = correction_styles(steps["correction"].unique())
     models, samplers = sorted(d["model"].unique()), _panel_samplers(d)
     measure, name = A.eval_measure(steps, runs), A.accuracy_names(steps, runs)
     fig, axes = _panels(len(models), len(samplers), sharey=True)
     for i, m in enumerate(models):
         for j, s in enumerate(samplers):
             ax = axes[i, j]
-            _correction_lines(ax, d.loc[(d["model"] == m) & (d["sampler"] == s)], "test_accuracy", styles, runs)
+            _correction_lines(ax, d.loc[(d["model"] == m) & (d["sampler"] == s)], "test_accuracy", styles, runs, panel=(m, s))
             ax.set(title=f"{m} / {s}", xlabel="step", ylabel=f"{name}\n(share of answers correct)")
     _tidy(axes, shared_y=True)
     notes = copy_labels(runs, samplers)
     paper = ("" if name.startswith("held-out") else
              "; the paper's accuracies (46.5 %, 12.2 %, 32.0 %) are held-out test accuracies of Qwen3, another measure: not drawn")
-    _title(fig, f"{measure}, at the eval steps", f"{over_seeds(d, runs=runs)}{_copy_note(notes)}{paper}")
-    _legend(fig, d["correction"].unique(), styles, notes)
+    _title(fig, f"{measure}, at the eval steps", f"{over_seeds(d, runs=runs, shown=steps)}{_copy_note(notes)}{paper}")
+    _legend(fig, steps["correction"].unique(), styles, notes)
     return fig
 
 
@@ -449,7 +474,7 @@ def off_support_kl(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Fig
         for j, (col, what, ylabel) in enumerate(cols):
             for k, s in enumerate(samplers):
                 ax = axes[i, j * len(samplers) + k]
-                _correction_lines(ax, d.loc[(d["model"] == m) & (d["sampler"] == s)], col, styles, runs)
+                _correction_lines(ax, d.loc[(d["model"] == m) & (d["sampler"] == s)], col, styles, runs, panel=(m, s))
                 ax.set(title=f"{m} / {s}: {what}", xlabel="step", ylabel=ylabel)
                 if col == "kl_sampler":  # 0 while synced, ~10^6 in a diverging run: linear below 0.01, log above
                     ax.set_yscale("symlog", linthresh=0.01)

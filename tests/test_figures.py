@@ -118,6 +118,28 @@ def test_a_diverged_run_ends_in_a_cross_and_moves_neither_the_mean_nor_the_axis(
     assert "× a diverged run" in title(fig)
 
 
+def test_a_run_that_diverged_before_its_first_eval_keeps_a_cross_at_its_step_on_the_bottom_edge():
+    """The zoo's lagged ppo_multi runs diverge at steps 5-9, before the first eval (step 8): their
+    accuracy has no row at all. Each still gets its cross, at the step it diverged, on the panel's
+    bottom edge (no accuracy implied), inside the x range; a correction whose every run diverged so
+    keeps its colour and its legend entry."""
+    steps, runs = study([("stale", "pg"), ("stale", "ppo_multi")], seeds=(0, 1))
+    steps["test_accuracy"] = steps["test_accuracy"].where(steps["step"] >= 3)  # evals at steps 3 and 4
+    multi = steps["correction"] == "ppo_multi"
+    steps = steps.loc[~multi | (steps["step"] < 2)]  # both ppo_multi runs trained step 1 and diverged at step 2
+    runs["diverged_at_step"] = [2.0 if c == "ppo_multi" else NAN for c in runs["correction"]]
+    fig = F.accuracy(steps, runs)
+    ax = fig.axes[0]
+    crosses = [a for a in ax.get_children() if isinstance(a, F.Line2D) and a.get_marker() == "x"]
+    colour = F.correction_styles(["pg", "ppo_multi"])["ppo_multi"].color
+    assert len(crosses) == 2 and all(list(c.get_xdata()) == [2.0] and list(c.get_ydata()) == [0.0] for c in crosses)
+    assert all(c.get_transform() == ax.get_xaxis_transform() and c.get_color() == colour for c in crosses)
+    fig.canvas.draw()
+    assert ax.get_xlim()[0] < 2.0 < ax.get_xlim()[1]  # seen, though the panel's first eval is at step 3
+    assert "ppo_multi" in legend_texts(fig)
+    assert "bottom edge" in title(fig)
+
+
 def test_the_papers_values_are_marked_where_a_figure_shows_what_it_reports():
     steps, runs = study([("bf16", "pg"), ("stale", "is"), ("stale", "dlc")])
     nf = F.noise_floor(steps, runs)
