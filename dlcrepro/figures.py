@@ -144,8 +144,9 @@ def seed_count(d: pd.DataFrame, by=A.CELL) -> str:
     return f"{lo} seed{'s' if lo != 1 else ''}" if lo == hi else f"{lo}–{hi} seeds"
 
 
-DIVERGENCE = ("× a diverged run's last step (non-finite update or weights, or 10-fold weight growth failing the sync check): "
-              "out of mean and axes; × on a panel's bottom edge: a run that diverged at that step, before its first value")
+DIVERGENCE = "× a diverged run's last step (non-finite update or weights, or 10-fold weight growth failing the sync check): out of mean and axes"
+# where a figure's panels mark the runs that diverged before their first value (_unmeasured_divergences)
+DIVERGED_UNMEASURED = "× on a panel's bottom edge: a run that diverged at that step, before its first value"
 
 
 def diverged_set(runs: pd.DataFrame | None) -> frozenset:
@@ -164,7 +165,7 @@ def over_seeds(d: pd.DataFrame, by=A.CELL, runs: pd.DataFrame | None = None, sho
             if len(n) and n.max() > 1 else f"{seed_count(d, by)} per cell")
     shown = d if shown is None else shown
     diverged = [r for r in diverged_set(runs) if r[1] in set(shown["sampler"]) and r[2] in set(shown["correction"])]
-    return what + (f"; {DIVERGENCE}" if diverged else "; no run diverged")
+    return what + (f"; {DIVERGENCE}; {DIVERGED_UNMEASURED}" if diverged else "; no run diverged")
 
 
 # ----------------------------------------------------------------------------- drawing
