@@ -179,11 +179,11 @@ def _save(fig, out: Path, name: str) -> None:
     plt.close(fig)
 
 
-def _absent(name: str, why: str) -> Figure:
-    """The figure `name` as a note, where the grid lacks the cells it draws."""
+def _absent(name: str, why: str, what: str = "not in this grid") -> Figure:
+    """The figure `name` as a note, where the grid lacks the cells it draws or its runs the values."""
     fig, ax = plt.subplots(figsize=(5.5, 1.6))
     ax.axis("off")
-    ax.text(0.5, 0.5, f"{name}: not in this grid\n({why})", ha="center", va="center")
+    ax.text(0.5, 0.5, f"{name}: {what}\n({why})", ha="center", va="center")
     return fig
 
 
@@ -418,6 +418,8 @@ def noise_floor(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure
     d = steps.sort_values(A.RUN + ["step"]).copy()
     d["ratio_ma"] = d.groupby(A.RUN)["dev_ratio"].transform(lambda x: x.rolling(A.LEAVE_FLOOR_WINDOW, min_periods=1).mean())
     d = d.loc[d["dev_ratio"].notna()]
+    if d.empty:  # e.g. a short study from a weak model: every group's rewards equal, no update moved
+        return _absent("noise_floor", "no probe step had a nonzero noise floor", what="nothing to draw")
     styles = correction_styles(d["correction"].unique())
     models, samplers = sorted(d["model"].unique()), _panel_samplers(d)
     fig, axes = _panels(len(models), len(samplers), sharey=True)
@@ -442,6 +444,8 @@ def noise_floor(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure
 def accuracy(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     """Test accuracy (the reported measure: train.eval_on / eval_mode) at eval steps, per correction and sampler."""
     d = steps.loc[steps["test_accuracy"].notna()]
+    if d.empty:
+        return _absent("accuracy", "no run reached an eval step", what="nothing to draw")
     # every correction of the grid, also one whose runs all diverged before the first eval
     styles = correction_styles(steps["correction"].unique())
     models, samplers = sorted(d["model"].unique()), _panel_samplers(d)
