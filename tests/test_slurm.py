@@ -228,10 +228,13 @@ def test_a_requeued_job_resumes_under_its_job_id_then_killed_at_its_time_limit_i
     out, config, shared = warm_outdirs
     cell = out["results_dir"] / "tiny" / "bf16" / "pg" / "seed0"
     cfg = yaml.safe_load(SMOKE.read_text())
-    # 300 steps: 140 s at 0.47 s a step (this EPYC, a 1-CPU job, idle), 240 s at 0.8 (load ~22): more
-    # than the first attempt's minute (Slurm ends it 60-90 s after its start), done by the third's 4
-    # minutes, each attempt resuming where the last stopped
-    cfg["train"].update(steps=300, ckpt_every=2, eval_every=100)
+    # 240 steps: ~125 s at 0.52 s a step (this EPYC, a 1-CPU job, alone). A job trains 42-72 s of its
+    # first minute (Slurm ends it 60-90 s after its start, ~18 s of which are start-up), so the first
+    # cannot finish unless a step is 1.7x faster, and the second (2 minutes) finishes with ~20 s to
+    # spare here alone. At 300 steps it needed ~128 s: killed just after the cell finished, the
+    # outputs discarded, the third attempt trained from scratch (497 s alone). Under load a third
+    # attempt still comes, resuming.
+    cfg["train"].update(steps=240, ckpt_every=2, eval_every=100)
     cfg["models"]["tiny"]["resources"] = {"runtime": 1}
     path = tmp_path / "short-limit.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -257,10 +260,12 @@ def test_a_requeued_job_resumes_under_its_job_id_then_killed_at_its_time_limit_i
     assert len(jobs) >= 2 and jobs[0] == first, text
     assert text.count(f"SLURM_JOB_ID={first}") == 2, text  # requeued: two runs, one job
     resumed = [int(s) for s in re.findall(r"resuming .* from step (\d+)", text)]
-    # the requeued run from at least the step it was requeued at, each retry from further on
-    assert len(resumed) == len(jobs) and resumed[0] >= reached and resumed == sorted(resumed), text
+    # the requeued run from at least the step it was requeued at, a retry from further on. (Not every
+    # job resumes: under load a retry can finish the cell and still be killed at its limit before its
+    # job ends; snakemake then discards the outputs and the next retry trains the cell from scratch.)
+    assert len(resumed) >= 2 and resumed[0] >= reached and resumed == sorted(resumed), text
     limits = [re.search(r"TimeLimit=(\S+)", subprocess.run(["scontrol", "show", "job", j], capture_output=True, text=True).stdout) for j in jobs]
     # each retry asks for twice the time (jobs Slurm has purged already are not shown)
     want = [f"00:{2 ** i:02d}:00" for i in range(len(jobs))]
     assert [m.group(1) for m in limits if m] == [w for w, m in zip(want, limits) if m], limits
-    assert json.loads((cell / "summary.json").read_text())["steps"] == 300
+    assert json.loads((cell / "summary.json").read_text())["steps"] == 240
