@@ -263,7 +263,7 @@ def _unmeasured_divergences(ax, d: pd.DataFrame, y: str, styles: dict[str, Style
     it diverged, on the panel's bottom edge, where no value is implied."""
     if runs is None or "diverged_at_step" not in runs:
         return
-    seen = set(map(tuple, d.loc[d[y].notna(), A.RUN].itertuples(index=False))) if len(d) else set()
+    seen = set(map(tuple, d.loc[d[y].notna(), A.RUN].itertuples(index=False)))
     gone = runs.loc[runs["diverged_at_step"].notna() & (runs["model"] == panel[0]) & (runs["sampler"] == panel[1])]
     edge = ax.get_xaxis_transform()  # x in steps, y in the axes' own 0..1
     for r in gone.itertuples(index=False):

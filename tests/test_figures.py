@@ -8,6 +8,7 @@ import pytest
 
 from dlcrepro import analysis as A
 from dlcrepro import figures as F
+from dlcrepro import outputs
 from dlcrepro.registry import CORRECTION_INFO
 
 from test_analysis import NAN, run_rows
@@ -215,8 +216,6 @@ def test_a_study_whose_updates_never_moved_draws_every_figure_saying_what_is_mis
     steps, runs = study([("fp8", "pg"), ("stale", "pg")])
     steps["dev"], steps["floor"], steps["dev_ratio"] = 0.0, 0.0, NAN
     F.write_all(steps, tmp_path, runs)
-    from dlcrepro import outputs
-
     for o in outputs.FIGURES:
         if o.name != "findings":  # drawn from the findings table, not given here
             assert (tmp_path / f"{o.name}.png").stat().st_size > 0, o.name
