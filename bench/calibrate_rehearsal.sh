@@ -25,4 +25,4 @@ cp "$RESULTS/_calibration.$NAME.json" "$RESULTS/_calibration.after-pilot.json"
 start=$(date +%s)
 .venv/bin/snakemake "${SMK_ARGS[@]}"
 echo "the rest of the grid: $(( $(date +%s) - start )) s"
-"${PLAN[@]}" --calibrate "$RESULTS" --projection-error "$RESULTS/_calibration.after-pilot.json" | sed -n '1,/^total cell-time/p'
+"${PLAN[@]}" --calibrate "$RESULTS" --projection-error "$RESULTS/_calibration.after-pilot.json" | sed -n '1,/^$/p'

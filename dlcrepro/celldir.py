@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 import yaml
 
-from . import analysis, checkpoint, divergence, paths, rollouts, tracking
+from . import analysis, checkpoint, divergence, paths, procs, rollouts, tracking
 from .cluster import check_device
 from .config import Config, to_dict
 from .corrections import get_correction
@@ -34,6 +34,7 @@ from .grid import computed_as, get_sampler
 from .initial_eval import identity as initial_identity
 from .initial_eval import load_initial_eval
 from .registry import engine_topk
+from .server import import_job_modules
 from .train import Cell, Trainer, train_steps
 from .util import DamagedFileError, atomic_save, atomic_write_text, disk_full, log, remove_leftovers
 
@@ -211,6 +212,10 @@ def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkp
     without; `initial_eval`: the file of its seed's θ_0 evaluation (initial_eval.py), which it
     computes itself without."""
     t0 = time.perf_counter()
+    # the process's start-up before this (interpreter and imports in its own process, ~0 s in a fork
+    # server's child): on the job's wall clock but not its summary's; the calibration projects it apart
+    startup = procs.seconds_since_start()
+    started = {"process": procs.how_started(), "startup_seconds": None if startup is None else round(startup, 2)}
     shared, initial = None, None
     if initial_eval is not None:  # checked before anything loads, as the rollouts are
         initial = load_initial_eval(initial_eval, initial_identity(cfg, meta["model"], meta["seed"], mdir))
@@ -240,6 +245,7 @@ def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkp
     summary = summarize(cell.rows, cell, meta, totals)
     summary["wall_seconds"] = round(time.perf_counter() - t0, 1)
     summary["steps_timed"] = cell.step - first_step  # the steps seconds_by_phase covers
+    summary.update(started)
     summary.update(resource_use(tr))
     summary["metrics_file"] = digest  # what `collect` checks the table against
     trackers.finish(summary)
@@ -270,6 +276,9 @@ def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, 
     if src is not None:
         return copy_cell(src, out, meta, cfg, why)
     check_device(cfg, model)  # a config asking for a GPU stops here on a CPU torch or without a device
+    # a job in its own process imports first what a fork server's child inherits: its start-up
+    # (summary's startup_seconds) then holds every import, its setup phase none
+    import_job_modules()
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / CONFIG_FILE, yaml.safe_dump({"cell": meta, "config": to_dict(cfg)}, sort_keys=False))
     with cell_log(out / LOG_FILE) as note:

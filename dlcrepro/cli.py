@@ -201,7 +201,8 @@ def calibrate_plan(cfg, results: Path, earlier: str | None) -> None:
     """`plan --calibrate RESULTS`: the calibrated plan from what ran under RESULTS, written to
     RESULTS/_calibration.json; with --projection-error, first how far an earlier calibration's
     projections were from the jobs that have run since."""
-    from .cluster import calibration, calibration_path, calibration_text, measurements, project, projection_errors
+    from .cluster import (calibration, calibration_path, calibration_text, measurements, project, projection_error_totals,
+                          projection_errors)
     from .util import atomic_write_text
 
     if not results.is_dir():
@@ -214,15 +215,17 @@ def calibrate_plan(cfg, results: Path, earlier: str | None) -> None:
         errors = projection_errors(json.loads(Path(earlier).read_text()), measured)
         if not errors:
             raise SystemExit(f"--projection-error {earlier}: none of its projected jobs has run under {results}")
-        print(f"projection error of {earlier} (projected / measured - 1), per job:")
+        print(f"projection error of {earlier} (projected / measured - 1), per job; a trained cell's also on its work, start-up apart:")
         for e in errors:
-            print(f"  {e['job']:<60} {e['projected_min']:7.2f} min projected {e['measured_min']:7.2f} measured {e['error']:+7.1%}")
-        cells = [e for e in errors if e["kind"] == "train"]
-        if cells:
-            total = sum(e["projected_min"] for e in cells) / sum(e["measured_min"] for e in cells) - 1
-            worst = max(cells, key=lambda e: abs(e["error"]))
-            print(f"total cell-time of {len(cells)} trained cells: {sum(e['projected_min'] for e in cells):.2f} min projected, "
-                  f"{sum(e['measured_min'] for e in cells):.2f} measured ({total:+.1%}); largest cell error {worst['error']:+.1%} ({worst['job']})")
+            work = "" if e["work_error"] is None else f"  work {e['work_error']:+7.1%}  ({e['process']})"
+            print(f"  {e['job']:<60} {e['projected_min']:7.2f} min projected {e['measured_min']:7.2f} measured {e['error']:+7.1%}{work}")
+        t = projection_error_totals(errors)
+        if t:
+            print(f"total cell-time of {t['cells']} trained cells: {t['projected_min']:.2f} min projected, {t['measured_min']:.2f} measured "
+                  f"({t['total']:+.1%}); largest cell error {t['worst']['error']:+.1%} ({t['worst']['job']})")
+            if t["work_total"] is not None:
+                print(f"  on work, start-up apart ({t['work_cells']} cells): total {t['work_total']:+.1%}; largest cell error "
+                      f"{t['worst_work']['work_error']:+.1%} ({t['worst_work']['job']})")
         print()
     path = calibration_path(cfg, results)
     atomic_write_text(path, json.dumps(calibration(cfg, project(cfg, measured), str(results)), indent=1) + "\n")

@@ -22,6 +22,28 @@ def _stat(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[1])
 
 
+# set by the fork server in each child it forks (server.py): the job's process did not import torch
+# and vLLM itself
+FORKED_ENV = "DLCREPRO_FORKED_BY"
+
+
+def how_started() -> str:
+    """"fork server child" in a job the fork server forked, else "own process"."""
+    return "fork server child" if os.environ.get(FORKED_ENV) else "own process"
+
+
+def seconds_since_start() -> float | None:
+    """Seconds since this process began: for a job in its own process, its interpreter's start and
+    imports so far; for a fork server's child, the seconds since the fork. None where /proc has no
+    start time."""
+    try:
+        with open("/proc/self/stat") as f:
+            started = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime: clock ticks after boot
+    except (OSError, IndexError, ValueError):
+        return None
+    return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started / os.sysconf("SC_CLK_TCK"))
+
+
 def children(pid: int) -> list[int]:
     """The processes whose parent is `pid`."""
     out = []

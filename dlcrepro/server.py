@@ -43,6 +43,8 @@ import threading
 import time
 from pathlib import Path
 
+from . import procs
+
 # imported by the server before it listens: the heavy third-party modules of a training job
 PRELOAD = (
     "torch",
@@ -65,6 +67,20 @@ PRELOAD = (
     "vllm.model_executor.layers.quantization.online.fp8",
     "compressed_tensors",
 )
+
+
+def import_job_modules() -> None:
+    """Import PRELOAD and the trackers a study that logs to them names (the workflow's
+    DLCREPRO_TRACKING): what the server's children inherit, and what a training job in its own
+    process imports before its clock starts (celldir.run_cell). Instant where they are imported."""
+    import importlib
+
+    from .tracking import from_env, modules_to_preload
+
+    for name in (*PRELOAD, *modules_to_preload(from_env())):
+        importlib.import_module(name)
+
+
 REFUSED = -1 << 16  # status sent instead of an exit code when the server will not run a job
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _HEADER = struct.Struct("!I")
@@ -191,6 +207,7 @@ def _child(conn: socket.socket) -> None:
         os.environ.clear()
         os.environ.update(req["env"])
         os.environ.pop("DLCREPRO_SERVER", None)  # this is the job's process: it must not forward again
+        os.environ[procs.FORKED_ENV] = str(os.getppid())  # the job records how it started (its summary)
         sys.argv = [sys.argv[0], *req["argv"]]
 
         def watch() -> None:  # the job's process went away: so does its work
@@ -238,17 +255,11 @@ def serve(path: str, watch_pid: int | None = None, idle_seconds: float | None = 
     process `watch_pid` is gone, after `idle_seconds` without a job, or on SIGTERM/SIGINT."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    import importlib
-
     t0 = time.perf_counter()
     import torch
 
     torch.set_num_threads(1)  # no OpenMP worker threads exist when a child is forked
-    from .tracking import from_env, modules_to_preload
-
-    # and the trackers a study that logs to them names (the workflow's DLCREPRO_TRACKING)
-    for name in (*PRELOAD, *modules_to_preload(from_env())):
-        importlib.import_module(name)
+    import_job_modules()
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(path)

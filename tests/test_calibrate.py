@@ -1,5 +1,7 @@
 """The plan calibrated from the jobs that ran (dlcrepro/cluster/calibrate.py): the pilot's jobs, the
-projection from their measurements, the calibration file the rules' requests read."""
+projection from their measurements, the calibration file the rules' requests read. The smoke pilot
+itself, its calibrated plan and the projection's error on the grid that runs after it are part of
+the smoke pipeline's test (tests/test_workflow.py)."""
 
 import json
 import re
@@ -8,18 +10,19 @@ import sys
 
 import pytest
 
-from conftest import ROOT, SMOKE
+from conftest import ROOT
 from dlcrepro.cluster import (
     calibration_path,
     CalibrationError,
     calibration,
     load_calibration,
     load_merged,
-    measurements,
     pilot_cells,
     project,
+    projection_error_totals,
+    projection_errors,
 )
-from dlcrepro.cluster.calibrate import PILOT_STEPS, cost_class, phase_counts, phase_rates
+from dlcrepro.cluster.calibrate import STEP_PHASES, cost_class, phase_counts
 from dlcrepro.cluster.cells import grid_cells
 from dlcrepro.cluster.resources import job_resources
 from dlcrepro.grid import computed_as
@@ -77,63 +80,27 @@ def test_a_calibration_of_another_config_is_refused_naming_the_file_and_the_fix(
     assert p.returncode == 1 and "was calibrated for another config" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
-def snakemake(*args, timeout=1800):
-    return subprocess.run([sys.executable, "-m", "snakemake", "--nolock", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.mark.snakemake
-def test_the_smoke_pilot_then_the_calibrated_plan_and_the_requests_it_gives(tmp_path, smoke_warm_start):
-    """The pilot target on the smoke config (real jobs), `plan --calibrate` on its files, and a dry
-    run of the grid asking for the calibrated requests."""
-    results = tmp_path / "results"
-    smoke_warm_start.up_to_date_in(results)
-    config = [f"results_dir={results}", f"artifacts={smoke_warm_start.artifacts}", f"python={sys.executable}"]
-    p = snakemake("--cores", "2", "--configfile", str(SMOKE), *smoke_warm_start.SNAKEMAKE_ARGS, "--config", *config, "--", "pilot")
-    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
-    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
-    assert jobs == {"initial_eval": "1", "rollouts": "2", "pilot_cell": "4", "pilot": "1", "total": "8"}, jobs
-    assert not list(results.glob("tiny/*/*/seed0/summary.json"))  # no grid cell: the pilot's are under _pilot/
-
-    cfg = load_merged([str(SMOKE)], {"results_dir": str(results)})
-    for c in pilot_cells(cfg):  # what each pilot cell recorded for the calibration
-        s = json.loads((results / "_pilot" / c.name / "summary.json").read_text())
-        assert s["steps"] == s["steps_timed"] == PILOT_STEPS, s
-        assert s["seconds_by_phase"]["eval"] > 0 and s["seconds_by_phase"]["checkpoint"] > 0  # its last step evaluates; ckpt_every 1
-        assert s["peak_host_rss_mb"] > 100
-        assert s["device_memory"]["torch_max_allocated_bytes"] is None  # a CPU: no device memory
-        assert set(s["device_memory"]["engine_kv_cache_bytes"].values()) == {cfg.engine.kv_cache_mib * 2**20}
-
-    measured = measurements(cfg, results)
-    assert sorted(r["kind"] for r in measured) == ["initial_eval", "pilot", "pilot", "pilot", "pilot", "rollouts", "rollouts"]
-    rates = phase_rates(measured)
-    for r in (r for r in measured if r["kind"] == "pilot"):  # the phases add up to the job's wall time, less its fixed part
-        k = rates[r["class"]]
-        assert k["fixed_s"] > 0 and k["per"]["sample"] > 0 and k["per"]["checkpoint"] > 0
-        assert sum(k["per"][p] * r[f"n_{p}"] for p in k["per"] if k["per"][p]) + k["fixed_s"] == pytest.approx(r["wall_s"])
-
-    projected = {(r["kind"], r["name"]): r for r in project(cfg, measured)}
-    steps = cfg.train.steps
-    for c in grid_cells(cfg):
-        row = projected[("copy" if c.same_as else "train", c.name)]
-        assert row["source"] == ("assumed" if c.same_as else "projected"), row
-    fresh, lagged = projected[("train", "tiny/bf16/pg/seed0")], projected[("train", "tiny/stale/pg/seed0")]
-    k = rates[fresh["class"]]
-    # a stale cell reads its first steps from the rollouts file: no sampling, no sync (sync_every 64 > steps)
-    assert (fresh["minutes"] - lagged["minutes"]) * 60 == pytest.approx(steps * (k["per"]["sample"] + k["per"]["sync"]))
-    assert projected[("rollouts", "tiny/stale/seed0")]["source"] == "measured"
-
-    p = subprocess.run([sys.executable, "-m", "dlcrepro", "plan", "--config", str(SMOKE), "--set", f"results_dir={results}",
-                        "--calibrate", str(results)], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "dlcrepro plan, calibrated: smoke" in p.stdout and "projected" in p.stdout
-    assert "requests calibrated: " in p.stdout, p.stdout
-    cal = json.loads(calibration_path(cfg, results).read_text())
-    want = cal["jobs"]["train/tiny/bf16/pg/seed0"]
-    assert want["source"] == "projected" and want["runtime"] == 10  # seconds of work: the 10-minute floor, not the default 30
-
-    # the dry run's train job asks for the calibrated memory and runtime
-    p = snakemake("-n", "--configfile", str(SMOKE), *smoke_warm_start.SNAKEMAKE_ARGS, "--config", *config, "--",
-                  str(results / "tiny" / "bf16" / "pg" / "seed0" / "summary.json"), timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    train = (p.stdout + p.stderr).split("rule train:")[1]
-    assert f"runtime={want['runtime']}," in train and f"mem_mb={want['mem_mb']}," in train, train[:1500]
+def test_the_start_up_is_projected_as_the_pilot_started_and_set_apart_in_the_error():
+    """A pilot cell forked from the fork server (start-up ~0) projects a grid cell; the grid cell
+    then runs in its own process (10 s of imports first): its wall-time error is the executor's,
+    its work error the cost model's."""
+    cfg = load_merged([str(PAPER)])
+    pilot = pilot_cells(cfg)[0]
+    counts = phase_counts(cfg, pilot.model, pilot.sampler, 2, 1, {"ckpt_every": 1})
+    ran = {"kind": "pilot", "name": pilot.name, "class": cost_class(cfg, pilot.model, pilot.sampler, pilot.correction), "steps": 2,
+           "wall_s": 30.0, "peak_host_mb": 1000.0, "torch_peak_bytes": None, "kv_cache_bytes": None,
+           "process": "fork server child", "startup_s": 0.5, **{f"sec_{p}": 1.0 for p in STEP_PHASES},
+           **{f"n_{p}": counts[p] for p in STEP_PHASES}}
+    rows = {(r["kind"], r["name"]): r for r in project(cfg, [ran])}
+    cell = f"{pilot.model}/{pilot.sampler}/{pilot.correction}/seed0"
+    grid = rows[("train", cell)]
+    assert grid["source"] == "projected" and grid["startup_s"] == 0.5 and "start-up as a fork server child" in grid["basis"]
+    cal = calibration(cfg, list(rows.values()), "results")
+    assert cal["jobs"][f"train/{cell}"]["startup_s"] == 0.5
+    work = 60 * cal["jobs"][f"train/{cell}"]["minutes"] - 0.5
+    measured = {**ran, "kind": "train", "name": cell, "wall_s": 10.0 + work * 1.1, "process": "own process", "startup_s": 10.0}
+    (e,) = projection_errors(cal, [measured])
+    assert e["process"] == "own process" and e["work_error"] == pytest.approx(1 / 1.1 - 1)
+    assert e["error"] < e["work_error"]  # the wall time holds the 10 s of imports the projection did not
+    totals = projection_error_totals([e])
+    assert totals["cells"] == totals["work_cells"] == 1 and totals["work_total"] == pytest.approx(e["work_error"])

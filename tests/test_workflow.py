@@ -1,5 +1,7 @@
-"""The Snakemake workflow: lint, schema errors, the paper grid, and the smoke pipeline end to end."""
+"""The Snakemake workflow: lint, schema errors, the paper grid, and the smoke pipeline end to end (its
+pilot and calibrated plan first)."""
 
+import json
 import os
 import re
 import shutil
@@ -12,10 +14,18 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import ROOT, fake_hf_cache
+from conftest import ROOT, SMOKE, fake_hf_cache
 from dlcrepro import outputs
+from dlcrepro.cluster import calibration_path, load_merged, measurements, pilot_cells, project, projection_error_totals, projection_errors
+from dlcrepro.cluster.calibrate import PILOT_STEPS, phase_rates
+from dlcrepro.cluster.cells import grid_cells
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--nolock"]  # tests write to their own dirs
+# The largest error a projection from the smoke pilot may make on a grid cell's work (its wall time
+# less its process's start-up), and on all of them together: chosen from the measurements in
+# docs/measurements.md ("The projection's error on the smoke config").
+CELL_WORK_TOLERANCE = 0.6
+TOTAL_WORK_TOLERANCE = 0.3
 
 
 def snakemake(*args, timeout=1200, env=None):
@@ -86,13 +96,92 @@ def test_envs_agree_with_the_package_pins():
     assert numpy.split("  ")[0] in env_text["analysis.yaml"]
 
 
+def check_the_pilot_and_its_calibration(results: Path, cfg: list[str]) -> dict:
+    """After `snakemake pilot` of the smoke config into `results`: what each pilot cell recorded,
+    the phases adding up to each one's wall time, the projection of every grid cell, `plan
+    --calibrate`'s text and file, and a dry run asking for the calibrated requests. The calibration."""
+    study = load_merged([str(SMOKE)], {"results_dir": str(results)})
+    assert not list(results.glob("tiny/*/*/seed0/summary.json"))  # no grid cell: the pilot's are under _pilot/
+    for c in pilot_cells(study):  # what each pilot cell recorded for the calibration
+        s = json.loads((results / "_pilot" / c.name / "summary.json").read_text())
+        assert s["steps"] == s["steps_timed"] == PILOT_STEPS, s
+        assert s["seconds_by_phase"]["eval"] > 0 and s["seconds_by_phase"]["checkpoint"] > 0  # its last step evaluates; ckpt_every 1
+        assert s["peak_host_rss_mb"] > 100
+        assert s["device_memory"]["torch_max_allocated_bytes"] is None  # a CPU: no device memory
+        assert set(s["device_memory"]["engine_kv_cache_bytes"].values()) == {study.engine.kv_cache_mib * 2**20}
+
+    measured = measurements(study, results)
+    assert sorted(r["kind"] for r in measured) == ["initial_eval", "pilot", "pilot", "pilot", "pilot", "rollouts", "rollouts"]
+    rates = phase_rates(measured)
+    for r in (r for r in measured if r["kind"] == "pilot"):  # the phases and the start-up add up to the job's wall time
+        k = rates[r["class"]]
+        assert k["fixed_s"] > 0 and k["per"]["sample"] > 0 and k["per"]["checkpoint"] > 0
+        assert r["process"] in ("own process", "fork server child") and r["startup_s"] >= 0
+        assert sum(k["per"][p] * r[f"n_{p}"] for p in k["per"] if k["per"][p]) + k["fixed_s"] + r["startup_s"] == pytest.approx(r["wall_s"])
+
+    projected = {(r["kind"], r["name"]): r for r in project(study, measured)}
+    for c in grid_cells(study):
+        row = projected[("copy" if c.same_as else "train", c.name)]
+        assert row["source"] == ("assumed" if c.same_as else "projected"), row
+    fresh, lagged = projected[("train", "tiny/bf16/pg/seed0")], projected[("train", "tiny/stale/pg/seed0")]
+    k = rates[fresh["class"]]
+    # a stale cell reads its first steps from the rollouts file: no sampling, no sync (sync_every 64 > steps)
+    assert (fresh["minutes"] - lagged["minutes"]) * 60 == pytest.approx(study.train.steps * (k["per"]["sample"] + k["per"]["sync"]))
+    assert projected[("rollouts", "tiny/stale/seed0")]["source"] == "measured"
+
+    p = subprocess.run([sys.executable, "-m", "dlcrepro", "plan", "--config", str(SMOKE), "--set", f"results_dir={results}",
+                        "--calibrate", str(results)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "dlcrepro plan, calibrated: smoke" in p.stdout and "projected" in p.stdout
+    assert "requests calibrated: " in p.stdout, p.stdout
+    cal = json.loads(calibration_path(study, results).read_text())
+    want = cal["jobs"]["train/tiny/bf16/pg/seed0"]
+    assert want["source"] == "projected" and want["runtime"] == 10  # seconds of work: the 10-minute floor, not the default 30
+
+    # the dry run's train job asks for the calibrated memory and runtime
+    p = snakemake("-n", "--configfile", str(SMOKE), "--config", *cfg, "--", str(results / "tiny" / "bf16" / "pg" / "seed0" / "summary.json"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    train = (p.stdout + p.stderr).split("rule train:")[1]
+    assert f"runtime={want['runtime']}," in train and f"mem_mb={want['mem_mb']}," in train, train[:1500]
+    return cal
+
+
+def check_the_projection_error(results: Path, calibrated: dict) -> None:
+    """Every trained cell of the grid, projected from the pilot, against its run: how each started
+    (its job's log says whether it found the fork server) and its work's error (start-up apart)
+    within the tolerance measured, each cell's and the total's."""
+    study = load_merged([str(SMOKE)], {"results_dir": str(results)})
+    errors = projection_errors(calibrated, measurements(study, results))
+    trained = [c for c in grid_cells(study) if c.same_as is None]
+    assert sorted(e["job"] for e in errors) == sorted(f"train/{c.name}" for c in trained)
+    for e in errors:
+        log = (results / "_logs" / f"{e['job']}.log").read_text()
+        assert e["process"] == ("own process" if "running in this process" in log else "fork server child"), (e, log[-2000:])
+    print("\n".join(f"{e['job']}: work {e['work_error']:+.1%}, wall {e['error']:+.1%} ({e['process']})" for e in errors))
+    totals = projection_error_totals(errors)
+    print(f"total work {totals['work_total']:+.1%}, wall {totals['total']:+.1%}")
+    assert totals["work_cells"] == len(trained) and abs(totals["work_total"]) <= TOTAL_WORK_TOLERANCE, totals
+    assert all(abs(e["work_error"]) <= CELL_WORK_TOLERANCE for e in errors), errors
+
+
 @pytest.mark.slow
-def test_smoke_pipeline_end_to_end_then_one_cell_reruns_alone(tmp_path):
+def test_smoke_pilot_calibration_then_the_pipeline_end_to_end_then_one_cell_reruns_alone(tmp_path):
     out = {"results_dir": tmp_path / "results", "figures_dir": tmp_path / "figures",
            "tables_dir": tmp_path / "tables", "artifacts": tmp_path / "artifacts"}
     cfg = [f"{k}={v}" for k, v in out.items()]
+    # the pilot first, as on a cluster (docs/cluster.md): the warm start, θ_0's evaluation, the
+    # lagged samplers' rollouts (jobs the grid then reuses) and one 2-step cell per cost class
+    p = snakemake("--cores", "2", "--configfile", "configs/smoke.yaml", "--config", *cfg, "--", "pilot")
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
+    assert jobs == {"warmstart": "1", "initial_eval": "1", "rollouts": "2", "pilot_cell": "4", "pilot": "1", "total": "9"}, jobs
+    calibrated = check_the_pilot_and_its_calibration(out["results_dir"], cfg)
+
     p = snakemake("--cores", "2", "--configfile", "configs/smoke.yaml", "--config", *cfg)
     assert p.returncode == 0, p.stderr[-4000:]
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
+    assert "warmstart" not in jobs and "initial_eval" not in jobs and "rollouts" not in jobs, jobs  # the pilot's
+    check_the_projection_error(out["results_dir"], calibrated)
     for t in outputs.TABLES:
         for f in t.files(out["tables_dir"]):
             assert Path(f).exists()
@@ -137,6 +226,13 @@ def test_smoke_pipeline_end_to_end_then_one_cell_reruns_alone(tmp_path):
     cfg_file["train"]["lr"] /= 2
     cfg_file.update({k: str(v) for k, v in out.items()})
     (tmp_path / "lr.yaml").write_text(yaml.safe_dump(cfg_file))
+    p = snakemake("-n", "--configfile", str(tmp_path / "lr.yaml"), "--quiet", "rules")
+    # the pilot's calibration measured the old config: refused, naming the file and the two ways on
+    cal_file = out["results_dir"] / "_calibration.smoke.json"
+    said = p.stdout + p.stderr
+    assert p.returncode != 0 and str(cal_file) in said and "was calibrated for another config" in said, said[-3000:]
+    assert "plan --config" in said and "delete it" in said, said[-3000:]
+    cal_file.unlink()
     p = snakemake("-n", "--configfile", str(tmp_path / "lr.yaml"), "--quiet", "rules")
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
     assert jobs.get("train") == "28" and "warmstart" not in jobs, p.stdout + p.stderr

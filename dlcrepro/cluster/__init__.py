@@ -30,6 +30,7 @@ from .calibrate import (
     pilot_initial_eval_jobs,
     pilot_rollouts_jobs,
     project,
+    projection_error_totals,
     projection_errors,
 )
 from .cache import Need, blocking, checkpoint_problem, missing_message, needs
@@ -73,7 +74,7 @@ from .resources import COPY_RESOURCES, JOBS, TRAIN_DEFAULTS, gpu_key, gres, job_
 
 __all__ = [
     "CALIBRATION_FILE", "calibration_path", "PILOT_DIR", "PILOT_OVERRIDES", "CalibrationError", "calibration", "calibration_text", "load_calibration",
-    "measurements", "pilot_cells", "pilot_initial_eval_jobs", "pilot_rollouts_jobs", "project", "projection_errors",
+    "measurements", "pilot_cells", "pilot_initial_eval_jobs", "pilot_rollouts_jobs", "project", "projection_error_totals", "projection_errors",
     "COPY_RESOURCES", "COST_MODEL", "ENGINE_START_S", "GPU_GIB", "HEAD_INPUT_BYTES", "JOBS", "LAYER_BYTES", "LOGIT_BYTES",
     "OUTSIDE_LAYERS_BYTES", "PROMPT_TOKENS", "RESPONSE_TOKENS", "TRAIN_DEFAULTS", "DeviceError", "GridCell", "Need",
     "PeakMemory", "StepCost", "blocking", "check_device", "checkpoint_problem", "copy_source", "estimated_minutes",

@@ -189,7 +189,8 @@ def measurements(cfg: Config, results: Path) -> list[dict]:
             # so its sampling and syncs teach no rate (their seconds stay in its fixed part's sum)
             for p in ENGINE_PHASES:
                 counts[p] = 0
-        row = {**_job_row(kind, c.name, bench, summary), "class": cost_class(cfg, c.model, c.sampler, c.correction), "steps": steps}
+        row = {**_job_row(kind, c.name, bench, summary), "class": cost_class(cfg, c.model, c.sampler, c.correction), "steps": steps,
+               "process": summary.get("process"), "startup_s": summary.get("startup_seconds")}
         row.update({f"sec_{p}": seconds[p] for p in STEP_PHASES})
         row.update({f"n_{p}": counts[p] for p in STEP_PHASES})
         rows.append(row)
@@ -214,8 +215,9 @@ def _mean(xs: list[float]) -> float:
 def phase_rates(measured: list[dict]) -> dict[str, dict]:
     """Per trained-cell cost class: each phase's seconds per occurrence (Σ seconds / Σ occurrences
     over the class's measured cells that it occurred in), its fixed seconds (mean of wall − Σ those
-    phases: a phase a cell has no count of, as a lagged cell's reading of its shared steps, stays
-    in its fixed part), its peak host memory (the largest), and the cells it came from."""
+    phases − the process's start-up: a phase a cell has no count of, as a lagged cell's reading of
+    its shared steps, stays in its fixed part), its peak host memory (the largest), and the cells
+    it came from."""
     by_class: dict[str, list[dict]] = {}
     for r in measured:
         if r["kind"] in ("train", "pilot") and r["wall_s"] is not None:
@@ -226,10 +228,26 @@ def phase_rates(measured: list[dict]) -> dict[str, dict]:
         for p in STEP_PHASES:
             n = sum(r[f"n_{p}"] for r in rows)
             per[p] = sum(r[f"sec_{p}"] for r in rows if r[f"n_{p}"]) / n if n else None
-        fixed = _mean([max(0.0, r["wall_s"] - sum(r[f"sec_{p}"] for p in STEP_PHASES if r[f"n_{p}"])) for r in rows])
+        fixed = _mean([max(0.0, r["wall_s"] - sum(r[f"sec_{p}"] for p in STEP_PHASES if r[f"n_{p}"]) - (r.get("startup_s") or 0.0))
+                       for r in rows])
         mem = [r["peak_host_mb"] for r in rows if r["peak_host_mb"] is not None]
         rates[k] = {"per": per, "fixed_s": fixed, "peak_host_mb": max(mem) if mem else None, "from": [f"{r['kind']} {r['name']}" for r in rows]}
     return rates
+
+
+def startup(measured: list[dict]) -> dict | None:
+    """The start-up a trained job's projection adds: how the measured trained jobs' processes
+    mostly started (their own, importing torch and vLLM, as every Slurm job does; or forked by the
+    local executor's fork server) and the mean start-up seconds of those that started so. It
+    depends on the executor, not the cell: the rest of a grid starts as its pilot did. None where no
+    job recorded it."""
+    rows = [r for r in measured if r["kind"] in ("train", "pilot") and r.get("process") and r.get("startup_s") is not None]
+    if not rows:
+        return None
+    kinds = [r["process"] for r in rows]
+    most = max(sorted(set(kinds)), key=kinds.count)
+    same = [r["startup_s"] for r in rows if r["process"] == most]
+    return {"process": most, "seconds": _mean(same), "jobs": len(same)}
 
 
 def _plain(measured: list[dict], kind: str) -> dict[str, dict]:
@@ -280,6 +298,7 @@ def project(cfg: Config, measured: list[dict]) -> list[dict]:
     measurements; assumed, none: the cost model's, or none at all), and the requests they give
     (runtime, mem_mb; the uncalibrated ones where assumed). GPUs are the uncalibrated request's."""
     rates, plain = phase_rates(measured), {k: _plain(measured, k) for k in ("rollouts", "initial_eval", "copy")}
+    start = startup(measured)
     ran = {(r["kind"], r["name"]): r for r in measured}
     rows = []
     for j in all_jobs(cfg):
@@ -299,9 +318,12 @@ def project(cfg: Config, measured: list[dict]) -> list[dict]:
                 counts = phase_counts(cfg, j["model"], j["sampler"], cfg.train_for(j["model"]).steps,
                                       resyncs=correction_info(j["correction"]).resync)
             unmeasured = [p for p in STEP_PHASES if counts[p] and k["per"][p] is None]
-            seconds = k["fixed_s"] + sum(counts[p] * (k["per"][p] or 0.0) for p in STEP_PHASES)
+            startup_s = start["seconds"] if start else 0.0
+            seconds = startup_s + k["fixed_s"] + sum(counts[p] * (k["per"][p] or 0.0) for p in STEP_PHASES)
             basis = "phases of " + ", ".join(k["from"]) + (f"; never measured: {', '.join(unmeasured)}" if unmeasured else "")
-            row.update(minutes=seconds / 60, peak_host_mb=k["peak_host_mb"], source="projected", basis=basis)
+            if start:
+                basis += f"; start-up as a {start['process']} ({start['seconds']:.1f} s, mean of {start['jobs']} jobs)"
+            row.update(minutes=seconds / 60, peak_host_mb=k["peak_host_mb"], source="projected", basis=basis, startup_s=startup_s)
         elif j["kind"] in plain and j["cls"] in plain[j["kind"]]:
             k = plain[j["kind"]][j["cls"]]
             row.update(minutes=k["wall_s"] / 60, peak_host_mb=k["peak_host_mb"], source="projected", basis="mean of " + ", ".join(k["from"]))
@@ -323,6 +345,8 @@ def calibration(cfg: Config, projected: list[dict], results: str) -> dict:
             continue
         kind = "train" if r["kind"] == "copy" else r["kind"]
         jobs[f"{kind}/{r['name']}"] = {"runtime": r["runtime"], "mem_mb": r["mem_mb"], "minutes": round(r["minutes"], 3), "source": r["source"]}
+        if r.get("startup_s") is not None and r["source"] == "projected":
+            jobs[f"{kind}/{r['name']}"]["startup_s"] = round(r["startup_s"], 2)
     return {"format": FORMAT, "config": cfg.name, "digest": config_digest(cfg), "results_dir": str(results),
             "margins": {"runtime": RUNTIME_MARGIN, "mem": MEM_MARGIN}, "jobs": jobs}
 
@@ -404,13 +428,40 @@ def calibration_text(cfg: Config, projected: list[dict], written: Path | None = 
 
 
 def projection_errors(calibrated: dict, measured: list[dict]) -> list[dict]:
-    """Per job that a calibration projected and has since run: projected and measured minutes and
-    the relative error (projected / measured − 1)."""
+    """Per job that a calibration projected and has since run: projected and measured minutes, the
+    relative error (projected / measured − 1), and for a trained cell how its process started and
+    the error on its work, start-up set apart on both sides (`work_error`): a local run's jobs
+    fork from the fork server or, before it is up, import for themselves (~10 s more each), which
+    is the executor's doing, not the cost model's; None where either side has no start-up."""
     ran = {f"{'train' if r['kind'] == 'copy' else r['kind']}/{r['name']}": r for r in measured}
     out = []
     for key, job in calibrated["jobs"].items():
         r = ran.get(key)
         if job["source"] == "projected" and r is not None and r["wall_s"]:
             m = r["wall_s"] / 60
-            out.append({"job": key, "kind": r["kind"], "projected_min": job["minutes"], "measured_min": m, "error": job["minutes"] / m - 1})
+            row = {"job": key, "kind": r["kind"], "projected_min": job["minutes"], "measured_min": m, "error": job["minutes"] / m - 1,
+                   "process": r.get("process"), "work_error": None}
+            if job.get("startup_s") is not None and r.get("startup_s") is not None:
+                row["projected_work_min"] = job["minutes"] - job["startup_s"] / 60
+                row["measured_work_min"] = m - r["startup_s"] / 60
+                row["work_error"] = row["projected_work_min"] / row["measured_work_min"] - 1
+            out.append(row)
+    return out
+
+
+
+def projection_error_totals(errors: list[dict]) -> dict | None:
+    """Over the trained cells of `projection_errors`: their count, the total cell-time's error (Σ
+    projected / Σ measured − 1) and the largest cell error, on wall time and on work (start-up
+    apart, over the cells that recorded it). None where no trained cell is among them."""
+    cells = [e for e in errors if e["kind"] == "train"]
+    if not cells:
+        return None
+    worked = [e for e in cells if e["work_error"] is not None]
+    out = {"cells": len(cells), "projected_min": sum(e["projected_min"] for e in cells), "measured_min": sum(e["measured_min"] for e in cells),
+           "worst": max(cells, key=lambda e: abs(e["error"])), "work_cells": len(worked), "work_total": None, "worst_work": None}
+    out["total"] = out["projected_min"] / out["measured_min"] - 1
+    if worked:
+        out["work_total"] = sum(e["projected_work_min"] for e in worked) / sum(e["measured_work_min"] for e in worked) - 1
+        out["worst_work"] = max(worked, key=lambda e: abs(e["work_error"]))
     return out
