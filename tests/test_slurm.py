@@ -189,28 +189,33 @@ def test_scancel_mid_run_fails_the_job_and_the_rerun_resumes_from_its_checkpoint
     assert target.exists()
 
 
-def test_two_rehearsal_cells_of_the_paper_config_run_as_slurm_jobs(slurm_cluster, snakemake_slurm, outdirs, tmp_path, rehearsal_cache):
+def test_a_rehearsal_cell_of_the_paper_config_runs_as_a_slurm_job(slurm_cluster, snakemake_slurm, outdirs, tmp_path, rehearsal_cache):
     """configs/rehearsal.yaml (the paper's config on a Qwen3 checkpoint made here, found by id in the
-    Hugging Face cache) through `--profile slurm`: fp8/pg and stale/dlc as real Slurm jobs, cut to
-    2 steps. The checkpoint and data are in the cache already, so the rule that builds them does not run."""
+    Hugging Face cache) through `--profile slurm`: stale/dlc, cut to 2 steps, as real Slurm jobs (its
+    seed's θ_0 evaluation, its sampler's shared rollouts, the cell: the engine's top-k, a lagged
+    sampler). The checkpoint and data are in the cache already, so the rule that builds them does not
+    run. (The fp8 engine on this checkpoint: tests/test_rehearsal.py; an fp8 cell as a Slurm job: the
+    smoke grid above.)"""
     out, config = outdirs
     cfg = yaml.safe_load((ROOT / "configs" / "rehearsal.yaml").read_text())
     cfg["train"].update(steps=2, eval_every=2, ckpt_every=0)
     cfg["task"]["n_test"] = 8
     path = tmp_path / "rehearsal-variant.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    cells = [out["results_dir"] / "qwen3-rehearsal" / s / c / "seed0" for s, c in (("fp8", "pg"), ("stale", "dlc"))]
+    cell = out["results_dir"] / "qwen3-rehearsal" / "stale" / "dlc" / "seed0"
     env = {**os.environ, "HF_HUB_CACHE": str(rehearsal_cache)}
-    p = subprocess.run(slurm_cmd(snakemake_slurm, config, *(c / "summary.json" for c in cells), configfile=path),
+    p = subprocess.run(slurm_cmd(snakemake_slurm, config, cell / "summary.json", configfile=path),
                        cwd=ROOT, capture_output=True, text=True, timeout=1800, env=env)
     assert p.returncode == 0, p.stderr[-4000:]
     counts = job_counts(p.stdout + p.stderr)
-    assert counts.get("train") == 2 and "rehearsal_assets" not in counts, p.stderr[-3000:]
-    for cell in cells:
-        summary = json.loads((cell / "summary.json").read_text())
-        assert summary["steps"] == 2 and summary["model_dir"].startswith(str(rehearsal_cache)), summary
-        log = (out["results_dir"] / "_logs" / "train" / "qwen3-rehearsal" / cell.parent.parent.name / cell.parent.name / "seed0.log").read_text()
-        assert "SLURM_JOB_ID=" in log, log
+    assert counts.get("train") == 1 and counts.get("rollouts") == 1 and counts.get("initial_eval") == 1, p.stderr[-3000:]
+    assert "rehearsal_assets" not in counts, p.stderr[-3000:]
+    summary = json.loads((cell / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["model_dir"].startswith(str(rehearsal_cache)), summary
+    assert summary["process"] == "own process"  # a Slurm job never hands its work to a fork server
+    log = (out["results_dir"] / "_logs" / "train" / "qwen3-rehearsal" / "stale" / "dlc" / "seed0.log").read_text()
+    assert "SLURM_JOB_ID=" in log, log
+    assert "read from" in (cell / "train.log").read_text()  # the lagged cell's first steps: the rollouts job's file
 
 
 def test_a_requeued_job_resumes_under_its_job_id_then_killed_at_its_time_limit_is_retried_with_twice_the_time(
