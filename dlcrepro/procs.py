@@ -22,14 +22,14 @@ def _stat(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[1])
 
 
-# set by the fork server in each child it forks (server.py): the job's process did not import torch
-# and vLLM itself
-FORKED_ENV = "DLCREPRO_FORKED_BY"
+# set by the fork server in each child it forks, to the child's pid (server.py): that process did not
+# import torch and vLLM itself (a process it starts inherits the variable, not the pid)
+FORKED_ENV = "DLCREPRO_FORKED_CHILD"
 
 
 def how_started() -> str:
     """"fork server child" in a job the fork server forked, else "own process"."""
-    return "fork server child" if os.environ.get(FORKED_ENV) else "own process"
+    return "fork server child" if os.environ.get(FORKED_ENV) == str(os.getpid()) else "own process"
 
 
 def seconds_since_start() -> float | None:

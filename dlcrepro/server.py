@@ -207,7 +207,7 @@ def _child(conn: socket.socket) -> None:
         os.environ.clear()
         os.environ.update(req["env"])
         os.environ.pop("DLCREPRO_SERVER", None)  # this is the job's process: it must not forward again
-        os.environ[procs.FORKED_ENV] = str(os.getppid())  # the job records how it started (its summary)
+        os.environ[procs.FORKED_ENV] = str(os.getpid())  # the job records how it started (its summary)
         sys.argv = [sys.argv[0], *req["argv"]]
 
         def watch() -> None:  # the job's process went away: so does its work

@@ -62,6 +62,25 @@ def test_a_job_through_the_server_writes_what_its_own_process_writes(served, tin
     a, b = (pd.read_parquet(tmp_path / d / "metrics.parquet") for d in ("own", "forked"))
     cols = [c for c in a.columns if not c.startswith("sec_")]
     pd.testing.assert_frame_equal(a[cols], b[cols])
+    # how each started, for the calibration: the own process's start-up holds its imports (seconds),
+    # the child's only its re-import of the package; neither's setup phase holds vLLM's import
+    own, forked = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("own", "forked"))
+    assert own["process"] == "own process" and forked["process"] == "fork server child", (own, forked)
+    assert own["startup_seconds"] > 2 and forked["startup_seconds"] < own["startup_seconds"] / 2, (own, forked)
+    assert own["seconds_by_phase"]["setup"] < own["startup_seconds"], own
+
+
+def test_a_process_started_by_a_forked_job_knows_it_started_on_its_own():
+    """The fork server marks its child by pid; a process that child starts inherits the variable,
+    not the pid, and records that it started on its own (its start-up holds its own imports)."""
+    from dlcrepro.procs import FORKED_ENV, how_started
+
+    code = "import os; from dlcrepro.procs import how_started; print(how_started())"
+    for marked, want in ((str(os.getpid()), "own process"), (None, "own process")):
+        env = {k: v for k, v in os.environ.items() if k != FORKED_ENV} | ({FORKED_ENV: marked} if marked else {})
+        p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+        assert p.stdout.strip() == want, p.stderr
+    assert how_started() == "own process"  # this test's own process
 
 
 @pytest.mark.slow

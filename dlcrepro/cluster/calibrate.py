@@ -449,7 +449,6 @@ def projection_errors(calibrated: dict, measured: list[dict]) -> list[dict]:
     return out
 
 
-
 def projection_error_totals(errors: list[dict]) -> dict | None:
     """Over the trained cells of `projection_errors`: their count, the total cell-time's error (Σ
     projected / Σ measured − 1) and the largest cell error, on wall time and on work (start-up
