@@ -33,8 +33,8 @@ from .diagnostics import EVAL_COLUMNS, metric_columns
 from .grid import computed_as, get_sampler
 from .initial_eval import identity as initial_identity
 from .initial_eval import load_initial_eval
+from .preload import import_job_modules
 from .registry import engine_topk
-from .server import import_job_modules
 from .train import Cell, Trainer, train_steps
 from .util import DamagedFileError, atomic_save, atomic_write_text, disk_full, log, remove_leftovers
 

@@ -44,42 +44,7 @@ import time
 from pathlib import Path
 
 from . import procs
-
-# imported by the server before it listens: the heavy third-party modules of a training job
-PRELOAD = (
-    "torch",
-    "numpy",
-    "pandas",
-    "pyarrow.parquet",
-    "yaml",
-    "tqdm",
-    "transformers",
-    "transformers.models.qwen3.modeling_qwen3",
-    "vllm",
-    "vllm.entrypoints.llm",
-    "vllm.inputs",
-    "vllm.v1.engine.llm_engine",
-    "vllm.model_executor.models.qwen3",
-    # what an engine start imports on CPU (~0.6 s per job when left to the child)
-    "vllm.v1.worker.cpu_worker",
-    "vllm.v1.core.sched.scheduler",
-    "vllm.v1.attention.backends.cpu_attn",
-    "vllm.model_executor.layers.quantization.online.fp8",
-    "compressed_tensors",
-)
-
-
-def import_job_modules() -> None:
-    """Import PRELOAD and the trackers a study that logs to them names (the workflow's
-    DLCREPRO_TRACKING): what the server's children inherit, and what a training job in its own
-    process imports before its clock starts (celldir.run_cell). Instant where they are imported."""
-    import importlib
-
-    from .tracking import from_env, modules_to_preload
-
-    for name in (*PRELOAD, *modules_to_preload(from_env())):
-        importlib.import_module(name)
-
+from .preload import import_job_modules
 
 REFUSED = -1 << 16  # status sent instead of an exit code when the server will not run a job
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid

@@ -21,11 +21,14 @@ from dlcrepro.cluster.calibrate import PILOT_STEPS, phase_rates
 from dlcrepro.cluster.cells import grid_cells
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--nolock"]  # tests write to their own dirs
-# The largest error a projection from the smoke pilot may make on a grid cell's work (its wall time
-# less its process's start-up), and on all of them together: chosen from the measurements in
-# docs/measurements.md ("The projection's error on the smoke config").
-CELL_WORK_TOLERANCE = 0.6
-TOTAL_WORK_TOLERANCE = 0.3
+# How far a projection from the smoke pilot may be from a grid cell's work (its wall time less its
+# process's start-up), as a factor either way, and from all of them together: chosen from the
+# measurements in docs/measurements.md ("The projection's error on the smoke config"): alone, cells
+# 0.68-1.22 and totals 0.84-0.94; in the suite, where the other worker's load differs between the
+# pilot and the grid, cells 0.48-2.13 and the total 0.99. Start-up counted as work (the error this
+# separates) put the own-process cells at 0.2.
+CELL_WORK_FACTOR = 3.0
+TOTAL_WORK_FACTOR = 1.5
 
 
 def snakemake(*args, timeout=1200, env=None):
@@ -149,7 +152,7 @@ def check_the_pilot_and_its_calibration(results: Path, cfg: list[str]) -> dict:
 def check_the_projection_error(results: Path, calibrated: dict) -> None:
     """Every trained cell of the grid, projected from the pilot, against its run: how each started
     (its job's log says whether it found the fork server) and its work's error (start-up apart)
-    within the tolerance measured, each cell's and the total's."""
+    within the factors measured, each cell's and the total's."""
     study = load_merged([str(SMOKE)], {"results_dir": str(results)})
     errors = projection_errors(calibrated, measurements(study, results))
     trained = [c for c in grid_cells(study) if c.same_as is None]
@@ -160,8 +163,9 @@ def check_the_projection_error(results: Path, calibrated: dict) -> None:
     print("\n".join(f"{e['job']}: work {e['work_error']:+.1%}, wall {e['error']:+.1%} ({e['process']})" for e in errors))
     totals = projection_error_totals(errors)
     print(f"total work {totals['work_total']:+.1%}, wall {totals['total']:+.1%}")
-    assert totals["work_cells"] == len(trained) and abs(totals["work_total"]) <= TOTAL_WORK_TOLERANCE, totals
-    assert all(abs(e["work_error"]) <= CELL_WORK_TOLERANCE for e in errors), errors
+    assert totals["work_cells"] == len(trained) and 1 / TOTAL_WORK_FACTOR <= 1 + totals["work_total"] <= TOTAL_WORK_FACTOR, totals
+    for e in errors:
+        assert 1 / CELL_WORK_FACTOR <= 1 + e["work_error"] <= CELL_WORK_FACTOR, e
 
 
 @pytest.mark.slow
