@@ -6,7 +6,10 @@ Record (a pytest plugin; the suite as the README runs it, plus this):
 
 Summarize one profile, or compare two (the slowest tests, each file's total, the whole):
 
-    .venv/bin/python bench/suite_profile.py profile.json [other.json] [--top 25]
+    .venv/bin/python bench/suite_profile.py profile.json [other.json] [--top 25] [--file-seconds tests/file_seconds.json]
+
+`--file-seconds` records each test file's seconds, which the suite reads to hand its longest files
+to the workers first (tests/conftest.py).
 
 The CPU seconds are the whole machine's (user + system of every process, from /proc/stat), not
 pytest's own: a test's work runs in Slurm jobs, snakemake jobs and engine processes that are not
@@ -124,8 +127,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("profiles", nargs="+", help="one profile, or two to compare (before, after)")
     ap.add_argument("--top", type=int, default=25, help="the slowest tests to list")
+    ap.add_argument("--file-seconds", metavar="JSON", help="write the last profile's wall seconds per test file here "
+                    "(tests/file_seconds.json: the order in which the suite hands files to its workers, tests/conftest.py)")
     args = ap.parse_args()
     files = [summarize(p, args.top) for p in args.profiles]
+    if args.file_seconds:
+        with open(args.file_seconds, "w") as fh:
+            json.dump({name: round(w) for name, (w, _, _) in sorted(files[-1].items())}, fh, indent=1)
+            fh.write("\n")
     if len(files) == 2:
         before, after = files
         print("| file | wall s before | wall s after |\n|---|---:|---:|")

@@ -75,6 +75,11 @@ HEAVY_MARKERS = ("slurm", "slow", "engine", "snakemake")
 HEAVY_FIXTURES = {"tiny_model_dir", "smoke_warm_start", "rehearsal_cache"}
 
 
+# each test file's wall seconds in a run of the suite (bench/suite_profile.py --file-seconds); a
+# file not in it counts as 0 s; only the order of the run depends on it
+FILE_SECONDS = json.loads((Path(__file__).parent / "file_seconds.json").read_text())
+
+
 def file_rank(marker_names: set[str]) -> int:
     """A file's place in the run: the rank of its heaviest marker in HEAVY_MARKERS, quick files last."""
     return next((i for i, name in enumerate(HEAVY_MARKERS) if name in marker_names), len(HEAVY_MARKERS))
@@ -88,8 +93,10 @@ def pytest_collection_modifyitems(config, items):
     markers_by_file: dict[str, set[str]] = {}
     for item in items:
         markers_by_file.setdefault(item.nodeid.split("::")[0], set()).update(m.name for m in item.iter_markers())
-    # a stable sort: tests keep their order within a file, files with the same rank theirs
-    items.sort(key=lambda item: file_rank(markers_by_file[item.nodeid.split("::")[0]]))
+    # a stable sort: tests keep their order within a file; of files with the same rank, the longer
+    # (as last measured) go first, so that pytest-xdist (--dist loadfile) hands out the long ones
+    # early and the workers end together on short ones
+    items.sort(key=lambda item: (file_rank(markers_by_file[item.nodeid.split("::")[0]]), -FILE_SECONDS.get(item.nodeid.split("::")[0], 0)))
 
 
 @contextmanager
