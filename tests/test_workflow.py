@@ -167,6 +167,16 @@ def check_the_projection_error(results: Path, calibrated: dict) -> None:
     for e in errors:
         assert 1 / CELL_WORK_FACTOR <= 1 + e["work_error"] <= CELL_WORK_FACTOR, e
 
+    # the same, as `plan --calibrate --projection-error` prints it (bench/calibrate_rehearsal.sh), before it calibrates again
+    earlier = results / "_calibration.after-pilot.json"
+    earlier.write_text(json.dumps(calibrated))
+    p = subprocess.run([sys.executable, "-m", "dlcrepro", "plan", "--config", str(SMOKE), "--set", f"results_dir={results}",
+                        "--calibrate", str(results), "--projection-error", str(earlier)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"total cell-time of {len(trained)} trained cells:" in p.stdout, p.stdout
+    assert f"on work, start-up apart ({len(trained)} cells): total {totals['work_total']:+.1%}" in p.stdout, p.stdout
+    assert all(f"train/{c.name}" in p.stdout for c in trained) and "dlcrepro plan, calibrated: smoke" in p.stdout, p.stdout
+
 
 @pytest.mark.slow
 def test_smoke_pilot_calibration_then_the_pipeline_end_to_end_then_one_cell_reruns_alone(tmp_path):
