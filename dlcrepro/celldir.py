@@ -212,8 +212,8 @@ def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkp
     without; `initial_eval`: the file of its seed's θ_0 evaluation (initial_eval.py), which it
     computes itself without."""
     t0 = time.perf_counter()
-    # the process's start-up before this (interpreter and imports in its own process, ~0 s in a fork
-    # server's child): on the job's wall clock but not its summary's; the calibration projects it apart
+    # the process's start-up before this (interpreter and imports in its own process, under a second
+    # in a fork server's child): on the job's wall clock but not its summary's; the calibration projects it apart
     startup = procs.seconds_since_start()
     started = {"process": procs.how_started(), "startup_seconds": None if startup is None else round(startup, 2)}
     shared, initial = None, None

@@ -4,7 +4,7 @@ start-up (celldir: `startup_seconds`) holds every import and its phases none."""
 
 from __future__ import annotations
 
-# imported by the server before it listens: the heavy third-party modules of a training job
+# the heavy third-party modules of a training job: the fork server imports them before it listens
 PRELOAD = (
     "torch",
     "numpy",

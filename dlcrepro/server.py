@@ -251,7 +251,8 @@ def serve(path: str, watch_pid: int | None = None, idle_seconds: float | None = 
     jobs = 0
     try:
         while not stop:
-            if watch_pid is not None and not _alive(watch_pid):
+            # a killed snakemake not yet reaped (a zombie) counts as gone
+            if watch_pid is not None and not procs.alive(watch_pid):
                 break
             if idle_seconds is not None and time.monotonic() - last > idle_seconds:
                 break
@@ -289,19 +290,10 @@ def serve(path: str, watch_pid: int | None = None, idle_seconds: float | None = 
 
 def stop_children() -> list[int]:
     """SIGTERM the jobs this server forked that still run (its children, as /proc says); their pids."""
-    from .procs import alive, children
-
-    running = [pid for pid in children(os.getpid()) if alive(pid)]
+    running = [pid for pid in procs.children(os.getpid()) if procs.alive(pid)]
     for pid in running:
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
     return running
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` still runs: a snakemake killed but not yet reaped (a zombie) does not."""
-    from .procs import alive
-
-    return alive(pid)

@@ -90,13 +90,16 @@ def pytest_collection_modifyitems(config, items):
         heavy = set(HEAVY_MARKERS) & {m.name for m in item.iter_markers()} or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ()))
         if not heavy:
             item.add_marker(pytest.mark.quick)
+    def file_of(item) -> str:
+        return item.nodeid.split("::")[0]
+
     markers_by_file: dict[str, set[str]] = {}
     for item in items:
-        markers_by_file.setdefault(item.nodeid.split("::")[0], set()).update(m.name for m in item.iter_markers())
+        markers_by_file.setdefault(file_of(item), set()).update(m.name for m in item.iter_markers())
     # a stable sort: tests keep their order within a file; of files with the same rank, the longer
     # (as last measured) go first, so that pytest-xdist (--dist loadfile) hands out the long ones
     # early and the workers end together on short ones
-    items.sort(key=lambda item: (file_rank(markers_by_file[item.nodeid.split("::")[0]]), -FILE_SECONDS.get(item.nodeid.split("::")[0], 0)))
+    items.sort(key=lambda item: (file_rank(markers_by_file[file_of(item)]), -FILE_SECONDS.get(file_of(item), 0)))
 
 
 @contextmanager

@@ -431,7 +431,7 @@ def projection_errors(calibrated: dict, measured: list[dict]) -> list[dict]:
     """Per job that a calibration projected and has since run: projected and measured minutes, the
     relative error (projected / measured − 1), and for a trained cell how its process started and
     the error on its work, start-up set apart on both sides (`work_error`): a local run's jobs
-    fork from the fork server or, before it is up, import for themselves (~10 s more each), which
+    fork from the fork server or, before it is up, import for themselves (~16 s, against ~0.8 s), which
     is the executor's doing, not the cost model's; None where either side has no start-up."""
     ran = {f"{'train' if r['kind'] == 'copy' else r['kind']}/{r['name']}": r for r in measured}
     out = []
