@@ -310,27 +310,44 @@ def csv_only(df: pd.DataFrame) -> list[str]:
             or (c == "other machines" and nothing_compared)]
 
 
+def redraw_tex(directory: Path) -> list[Path]:
+    """Rewrite each table's .tex in `directory` from its .csv, with the caption its .md starts with:
+    the same numbers, in the current LaTeX form (for tables written before it). The .tex files written.
+
+    A blank .csv cell is either text left empty (a `paper` column without a paper number) or a
+    missing number (shown "n/a"); the .md's cell tells which. The .md alone will not do: it shows a
+    "|" in a cell as "/"."""
+    done = []
+    for csv in sorted(Path(directory).glob("*.csv")):
+        md, tex = csv.with_suffix(".md"), csv.with_suffix(".tex")
+        if not md.exists() or not tex.exists():
+            continue
+        caption, _, shown_rows = _md_table(md.read_text(encoding="utf-8"))
+        df = pd.read_csv(csv, keep_default_na=False, dtype=str)
+        df = df.drop(columns=csv_only(df)).map(_as_written).rename(columns=OFF_SUPPORT_HEADERS)  # readable headers
+        df = df.mask(df == "", pd.DataFrame(shown_rows, index=df.index, columns=df.columns))
+        atomic_write_text(tex, to_tex(df, caption))
+        done.append(tex)
+    return done
+
+
+def _md_table(text: str) -> tuple[str, list[str], list[list[str]]]:
+    """`to_md`'s caption, header and rows, each cell as shown."""
+    lines = text.splitlines()
+    caption, table = lines[0], [ln for ln in lines[2:] if ln.startswith("|")]
+
+    def cells(line: str) -> list[str]:
+        return [c.strip() for c in line.strip()[1:-1].split("|")]  # `to_md` writes a cell's "|" as "/"
+
+    return caption, cells(table[0]), [cells(ln) for ln in table[2:]]
+
+
 def _as_written(text: str) -> str:
     """A .csv cell as a table shows it: a float to 3 significant digits (_fmt), an integer or text as it is."""
     try:
         return text if text.lstrip("-").isdigit() else _fmt(float(text))
     except ValueError:
         return text
-
-
-def redraw_tex(directory: Path) -> list[Path]:
-    """Rewrite each table's .tex in `directory` from its .csv, with the caption its .md starts with:
-    the same numbers, in the current LaTeX form (for tables written before it). The .tex files written."""
-    done = []
-    for csv in sorted(Path(directory).glob("*.csv")):
-        md = csv.with_suffix(".md")
-        if not md.exists() or not csv.with_suffix(".tex").exists():
-            continue
-        df = pd.read_csv(csv, keep_default_na=False, na_values=[""], dtype=str).fillna("n/a")
-        df = df.map(_as_written).rename(columns=OFF_SUPPORT_HEADERS)  # numbers as the .md shows them; readable headers
-        atomic_write_text(csv.with_suffix(".tex"), to_tex(df.drop(columns=csv_only(df)), md.read_text(encoding="utf-8").splitlines()[0]))
-        done.append(csv.with_suffix(".tex"))
-    return done
 
 
 def write_table(df: pd.DataFrame, out: Path, name: str, caption: str) -> None:
