@@ -58,6 +58,33 @@ def test_unknown_grid_values_name_the_allowed_ones():
         load(SMOKE, {"grid.samplers": ["fp4"]})
 
 
+@pytest.mark.parametrize(
+    "overrides,says",
+    [
+        ({"task": 3}, "task: expected a mapping, got int"),
+        ({"task.number_range": [1, 2, 3]}, "task.number_range: expected a pair [low, high], got [1, 2, 3]"),
+        ({"task.number_range": [1, "x"]}, "task.number_range[1]: expected int, got 'x'"),
+        ({"task.source": "parquet"}, "task.path is required when task.source is 'parquet'"),
+        ({"models.tiny.kind": "hf"}, "models.tiny.path is required for kind 'hf'"),
+        ({"train.eval_on": "pool", "train.pool_size": 0}, "train.eval_on='pool' needs train.pool_size >= 1"),
+        ({"train.pool_size": 10**6}, "train.pool_size=1000000: must be in [0, task.n_train="),
+        ({"grid.models": ["huge"]}, "grid.models: unknown model 'huge'; known: ['tiny']"),
+        ({"tracking.backends": ["csv", "csv"]}, "tracking.backends: expected a list of distinct names, got ['csv', 'csv']"),
+    ],
+    ids=["section-not-a-mapping", "pair-of-three", "pair-item-not-int", "parquet-without-path", "hf-without-path",
+         "pool-eval-without-pool", "pool-above-n-train", "unknown-model", "repeated-backend"],
+)
+def test_a_config_that_cannot_work_is_refused_naming_the_key(overrides, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load(SMOKE, overrides)
+
+
+def test_a_base_that_is_not_a_path_is_refused(tmp_path):
+    (tmp_path / "overlay.yaml").write_text("base: 7\nname: overlay\n")
+    with pytest.raises(ConfigError, match="base: expected the path of a config file, got 7"):
+        load(tmp_path / "overlay.yaml")
+
+
 def test_engine_topk_is_required_by_corrections_that_read_the_engine_distribution():
     with pytest.raises(ConfigError, match=r"engine\.topk=0: \['dlc'\]"):
         load(SMOKE, {"engine.topk": 0, "grid.corrections": ["pg", "dlc"]})
