@@ -87,6 +87,10 @@ def test_a_process_started_by_a_forked_job_knows_it_started_on_its_own():
 def test_the_jobs_exit_status_and_error_come_back(served, tiny_model_dir, tmp_path):
     p = run(train_cmd(tiny_model_dir, tmp_path / "x", "fp4", "dlc") + ["--server", served[0]])
     assert p.returncode == 2 and "unknown sampler 'fp4'" in p.stderr
+    # a job that stops with a message, as the interpreter ends it in its own process: status 1, the message
+    p = run(train_cmd(tiny_model_dir, tmp_path / "y", "stale", "dlc", "train.steps") + ["--server", served[0]])
+    assert p.returncode == 1 and p.stderr.strip().endswith("--set expects KEY=VALUE, got 'train.steps'"), p.stderr[-2000:]
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
 @pytest.mark.slow
