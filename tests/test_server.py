@@ -11,13 +11,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, wait_for
 from test_train import run, train_cmd
 
 from dlcrepro import server
@@ -36,10 +35,7 @@ def served(tmp_path_factory):
     path, log = str(door / "s.sock"), d / "serve.log"
     proc = subprocess.Popen([sys.executable, "-m", "dlcrepro", "serve", "--socket", path, "--watch-pid", str(os.getpid())],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
-    deadline = time.time() + 180
-    while not os.path.exists(path):
-        assert proc.poll() is None and time.time() < deadline, log.read_text()
-        time.sleep(0.2)
+    wait_for(f"the server's socket (its log: {log})", lambda: os.path.exists(path), 180, proc, poll=0.2)
     os.chmod(path, 0o777)  # connecting needs write permission on the socket
     yield path, log
     proc.send_signal(signal.SIGTERM)
@@ -100,18 +96,12 @@ def test_killing_the_job_kills_its_child(served, tiny_model_dir, tmp_path):
     out = tmp_path / "long"
     proc = subprocess.Popen(train_cmd(tiny_model_dir, out, "stale", "dlc", "train.steps=500") + ["--server", path],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while not (out / "train.log").exists():
-        assert proc.poll() is None and time.time() < deadline
-        time.sleep(0.1)
+    wait_for("the forked job's train.log", (out / "train.log").exists, 120, proc)
     pid = int(re.findall(r"job \d+ in pid (\d+)", log.read_text())[n_before])
     assert os.path.exists(f"/proc/{pid}")
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=10)
-    deadline = time.time() + 20
-    while os.path.exists(f"/proc/{pid}") and time.time() < deadline:
-        time.sleep(0.1)
-    assert not os.path.exists(f"/proc/{pid}"), "the forked job outlived the job that started it"
+    wait_for("the forked job to end with the job that started it", lambda: not os.path.exists(f"/proc/{pid}"), 20)
     assert not (out / "summary.json").exists()
 
 

@@ -6,12 +6,11 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pandas as pd
 import pytest
 
-from conftest import ROOT, SMOKE, small_model_dir
+from conftest import ROOT, SMOKE, small_model_dir, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -92,10 +91,7 @@ def test_kill_and_resume_gives_the_same_metrics_as_an_uninterrupted_run(tiny_mod
     out = tmp_path / "killed"
     proc = subprocess.Popen(train_cmd(tiny_model_dir, out, "stale", "is_center", *sets), cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=own_process_env())
-    deadline = time.time() + 300
-    while not (out / "checkpoint.pt").exists():
-        assert proc.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
-        time.sleep(0.05)
+    wait_for("the run's first checkpoint", (out / "checkpoint.pt").exists, 300, proc, poll=0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (out / "summary.json").exists() and not (out / "metrics.parquet").exists()
