@@ -322,9 +322,12 @@ def redraw_tex(directory: Path) -> list[Path]:
         md, tex = csv.with_suffix(".md"), csv.with_suffix(".tex")
         if not md.exists() or not tex.exists():
             continue
-        caption, _, shown_rows = _md_table(md.read_text(encoding="utf-8"))
+        caption, header, shown_rows = _md_table(md.read_text(encoding="utf-8"))
         df = pd.read_csv(csv, keep_default_na=False, dtype=str)
         df = df.drop(columns=csv_only(df)).map(_as_written).rename(columns=OFF_SUPPORT_HEADERS)  # readable headers
+        if header != list(df.columns) or len(shown_rows) != len(df):
+            raise ValueError(f"{md} shows {len(shown_rows)} rows of {header}, {csv} has {len(df)} of {list(df.columns)}: "
+                             f"not one table; write both again with `python -m dlcrepro tables`")
         df = df.mask(df == "", pd.DataFrame(shown_rows, index=df.index, columns=df.columns))
         atomic_write_text(tex, to_tex(df, caption))
         done.append(tex)
