@@ -13,7 +13,7 @@ import pandas as pd
 from . import analysis as A
 from . import outputs
 from .findings import across_machines, findings_table, replicates_not_run
-from .util import atomic_write_text
+from .util import DamagedFileError, atomic_write_text
 
 # PAPER.md's numbers by cell. The paper does not say which model F3–F7 and F10 refer to, so they
 # stand beside every model's cell; F8's 1.9x is Qwen3-0.6B's.
@@ -326,7 +326,7 @@ def redraw_tex(directory: Path) -> list[Path]:
         df = pd.read_csv(csv, keep_default_na=False, dtype=str)
         df = df.drop(columns=csv_only(df)).map(_as_written).rename(columns=OFF_SUPPORT_HEADERS)  # readable headers
         if header != list(df.columns) or len(shown_rows) != len(df):
-            raise ValueError(f"{md} shows {len(shown_rows)} rows of {header}, {csv} has {len(df)} of {list(df.columns)}: "
+            raise DamagedFileError(f"{md} shows {len(shown_rows)} rows of {header}, {csv} has {len(df)} of {list(df.columns)}: "
                              f"not one table; write both again with `python -m dlcrepro tables`")
         df = df.mask(df == "", pd.DataFrame(shown_rows, index=df.index, columns=df.columns))
         atomic_write_text(tex, to_tex(df, caption))
