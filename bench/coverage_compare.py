@@ -6,9 +6,9 @@ Each argument is `coverage json` of one run of the suite (the README's test comm
 pytest-cov, docs/measurements.md says how), taken in that checkout's root with
 `--include '<checkout>/dlcrepro/*'` so that its files are named `dlcrepro/...`. A percentage alone
 cannot say whether a behaviour covered before is still covered when the code changed in between;
-functions keep their names across most changes. Printed: both totals; every function that ran
-before and did not run after (or is gone); every function that misses more of its statements
-after. Files and functions new after are in the totals only. A benchmark, not a test.
+functions keep their names across most changes (a function moved to another file is found
+there by its name). Printed: both totals; every function that ran before and did not run after (or
+is gone); every function that misses more of its statements after. Files and functions new after are in the totals only. A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -29,19 +29,31 @@ def total(report: dict) -> tuple[int, int]:
 
 
 def compare(before: dict, after: dict) -> dict[str, list]:
+    """Every function that ran before, looked up after in its file, or else by its name in the one
+    other file that has it (a function moved to another module, or a method to another class of
+    the same name)."""
     b, a = functions(before), functions(after)
-    lost, gone, more_missed = [], [], []
-    for key, sb in sorted(b.items()):
+    files_of: dict[str, list[str]] = {}
+    for path, name in a:
+        files_of.setdefault(name, []).append(path)
+    lost, gone, moved, more_missed = [], [], [], []
+    for (path, name), sb in sorted(b.items()):
         if sb["covered_lines"] == 0:
             continue
-        sa = a.get(key)
-        if sa is None:
-            gone.append(key)
-        elif sa["covered_lines"] == 0:
+        key = (path, name)
+        if key not in a:
+            elsewhere = files_of.get(name, []) if name else []
+            if len(elsewhere) != 1:
+                gone.append(key)
+                continue
+            moved.append((key, elsewhere[0]))
+            key = (elsewhere[0], name)
+        sa = a[key]
+        if sa["covered_lines"] == 0:
             lost.append(key)
         elif sa["missing_lines"] > sb["missing_lines"]:
             more_missed.append((key, sb["missing_lines"], sa["missing_lines"], sa["num_statements"]))
-    return {"lost": lost, "gone": gone, "more_missed": more_missed}
+    return {"lost": lost, "gone": gone, "moved": moved, "more_missed": more_missed}
 
 
 def main() -> None:
@@ -57,7 +69,8 @@ def main() -> None:
     print(f"functions run before and not after: {len(c['lost'])}")
     for path, name in c["lost"]:
         print(f"  {path}:{name or '<module>'}")
-    print(f"functions run before and gone after (renamed, moved or removed): {len(c['gone'])}")
+    print(f"functions run before and moved to another file after: {len(c['moved'])} (compared there)")
+    print(f"functions run before and gone after (renamed, split or removed; a removed module's own lines): {len(c['gone'])}")
     for path, name in c["gone"]:
         print(f"  {path}:{name or '<module>'}")
     print(f"functions missing more statements after: {len(c['more_missed'])}")

@@ -113,9 +113,6 @@ class Learner:
         finally:
             self.correction = own
 
-    def state(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach() for k, v in self.policy.state_dict().items()}
-
     def micro_batches(self, tb: TokenBatch) -> list[tuple[TokenBatch, slice]]:
         """`tb` in the trainer's forwards: at most `micro_batch` sequences and `micro_batch_tokens`
         padded tokens each, each cut to its own longest sequence (`TokenBatch.chunks`)."""
