@@ -8,7 +8,8 @@ pytest-cov, docs/measurements.md says how), taken in that checkout's root with
 cannot say whether a behaviour covered before is still covered when the code changed in between;
 functions keep their names across most changes (a function moved to another file is found
 there by its name). Printed: both totals; every function that ran before and did not run after (or
-is gone); every function that misses more of its statements after. Files and functions new after are in the totals only. A benchmark, not a test.
+is gone); every function that misses more of its statements after. Files and functions new after
+are in the totals only. A benchmark, not a test.
 """
 
 from __future__ import annotations
