@@ -52,7 +52,7 @@ def main() -> None:
     from dlcrepro.engine import VLLMEngine
     from dlcrepro.model import load_model, load_tokenizer
     from dlcrepro.celldir import run_cell
-    from dlcrepro.train import PHASES
+    from dlcrepro.phases import PHASES
 
     cfg = config_mod.load(args.config, {"train.steps": args.steps})
     mdir = model_dir(cfg, args.model)

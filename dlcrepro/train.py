@@ -33,11 +33,10 @@ from .engine import Rollout, SyncCheckError, VLLMEngine
 from .grid import get_sampler
 from .learner import BatchLogProbs, Learner, Probes, Scored
 from .model import load_model, load_tokenizer, make_token_batch
+from .phases import PHASES
 from .registry import engine_topk, updates_per_batch
 from .seeds import derive_seed, step_problems
 from .util import DamagedFileError, log
-
-PHASES = ("sync", "sample", "score", "logprobs", "resync", "probe", "correction", "update", "eval", "checkpoint")
 
 
 class PhaseTimer:

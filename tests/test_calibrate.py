@@ -22,10 +22,11 @@ from dlcrepro.cluster import (
     projection_error_totals,
     projection_errors,
 )
-from dlcrepro.cluster.calibrate import STEP_PHASES, cost_class, phase_counts
+from dlcrepro.cluster.calibrate import cost_class, phase_counts
 from dlcrepro.cluster.cells import grid_cells
 from dlcrepro.cluster.resources import job_resources
 from dlcrepro.grid import computed_as
+from dlcrepro.phases import PHASES
 
 REHEARSAL = ROOT / "configs" / "rehearsal.yaml"
 PAPER = ROOT / "configs" / "paper.yaml"
@@ -89,8 +90,8 @@ def test_the_start_up_is_projected_as_the_pilot_started_and_set_apart_in_the_err
     counts = phase_counts(cfg, pilot.model, pilot.sampler, 2, 1, {"ckpt_every": 1})
     ran = {"kind": "pilot", "name": pilot.name, "class": cost_class(cfg, pilot.model, pilot.sampler, pilot.correction), "steps": 2,
            "wall_s": 30.0, "peak_host_mb": 1000.0, "torch_peak_bytes": None, "kv_cache_bytes": None,
-           "process": "fork server child", "startup_s": 0.5, **{f"sec_{p}": 1.0 for p in STEP_PHASES},
-           **{f"n_{p}": counts[p] for p in STEP_PHASES}}
+           "process": "fork server child", "startup_s": 0.5, **{f"sec_{p}": 1.0 for p in PHASES},
+           **{f"n_{p}": counts[p] for p in PHASES}}
     rows = {(r["kind"], r["name"]): r for r in project(cfg, [ran])}
     cell = f"{pilot.model}/{pilot.sampler}/{pilot.correction}/seed0"
     grid = rows[("train", cell)]

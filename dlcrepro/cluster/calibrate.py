@@ -10,7 +10,7 @@ Three steps, each a function from tables (lists of per-job dicts) to tables:
                                  or assumed (the H200 cost model, or nothing), and its requests
     calibration(cfg, projected)  pure: what `job_resources` reads back (`<results>/_calibration.<name>.json`)
 
-A trained cell's time is additive in its phases (train.PHASES): each phase's seconds per occurrence,
+A trained cell's time is additive in its phases (phases.PHASES): each phase's seconds per occurrence,
 measured on a cell of the same cost class (the same model, engine precision, top-k log-probs or
 none, SGD steps per batch), times how often the cell pays it (every step; probes on probe steps;
 evaluations on eval steps; checkpoints every ckpt_every steps; sampling and syncs only on the steps
@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..config import Config, to_dict
 from ..grid import computed_as, get_sampler
+from ..phases import ENGINE_PHASES, PHASES
 from ..registry import correction_info, engine_topk, updates_per_batch
 from .cells import GridCell, grid_cells, initial_eval_jobs, rollouts_jobs
 from .costs import estimated_minutes, initial_eval_minutes, rollouts_minutes
@@ -46,9 +47,6 @@ PILOT_OVERRIDES = {"train.steps": PILOT_STEPS, "train.ckpt_every": 1}
 RUNTIME_MARGIN = 1.5
 MEM_MARGIN = 1.5
 FORMAT = 1
-
-STEP_PHASES = ("sync", "sample", "score", "logprobs", "resync", "probe", "correction", "update", "eval", "checkpoint")
-ENGINE_PHASES = ("sync", "sample")  # what a step read from shared rollouts does not pay
 
 
 def cost_class(cfg: Config, model: str, sampler: str, correction: str) -> str:
@@ -122,7 +120,7 @@ def phase_counts(cfg: Config, model: str, sampler: str, steps: int, first: int =
     every = {"eval_every": t.eval_every, "probe_every": t.probe_every, "ckpt_every": t.ckpt_every, **(train_overrides or {})}
     ks = range(first, steps + 1)
     shared = 0 if resyncs else get_sampler(sampler).shared_steps(steps, t.sync_every)
-    counts = dict.fromkeys(STEP_PHASES, len(ks))
+    counts = dict.fromkeys(PHASES, len(ks))
     counts["probe"] = sum(k % every["probe_every"] == 0 or k == steps for k in ks)
     counts["eval"] = sum(k % every["eval_every"] == 0 or k == steps for k in ks)
     counts["checkpoint"] = sum(bool(every["ckpt_every"]) and k % every["ckpt_every"] == 0 and k < steps for k in ks)
@@ -183,7 +181,7 @@ def measurements(cfg: Config, results: Path) -> list[dict]:
         timed = int(summary.get("steps_timed", steps))
         overrides = {"ckpt_every": PILOT_OVERRIDES["train.ckpt_every"]} if kind == "pilot" else None
         counts = phase_counts(cfg, c.model, c.sampler, steps, steps - timed + 1, overrides)
-        seconds = {p: float(summary.get("seconds_by_phase", {}).get(p, 0.0)) for p in STEP_PHASES}
+        seconds = {p: float(summary.get("seconds_by_phase", {}).get(p, 0.0)) for p in PHASES}
         if correction_info(c.correction).resync and get_sampler(c.sampler).shared_steps(steps, cfg.train_for(c.model).sync_every):
             # a lagged cell that resyncs samples from its first resync on: on steps no schedule says,
             # so its sampling and syncs teach no rate (their seconds stay in its fixed part's sum)
@@ -191,8 +189,8 @@ def measurements(cfg: Config, results: Path) -> list[dict]:
                 counts[p] = 0
         row = {**_job_row(kind, c.name, bench, summary), "class": cost_class(cfg, c.model, c.sampler, c.correction), "steps": steps,
                "process": summary.get("process"), "startup_s": summary.get("startup_seconds")}
-        row.update({f"sec_{p}": seconds[p] for p in STEP_PHASES})
-        row.update({f"n_{p}": counts[p] for p in STEP_PHASES})
+        row.update({f"sec_{p}": seconds[p] for p in PHASES})
+        row.update({f"n_{p}": counts[p] for p in PHASES})
         rows.append(row)
     for m, s, seed in rollouts_jobs(cfg):
         name = f"{m}/{s}/seed{seed}"
@@ -225,10 +223,10 @@ def phase_rates(measured: list[dict]) -> dict[str, dict]:
     rates = {}
     for k, rows in by_class.items():
         per = {}
-        for p in STEP_PHASES:
+        for p in PHASES:
             n = sum(r[f"n_{p}"] for r in rows)
             per[p] = sum(r[f"sec_{p}"] for r in rows if r[f"n_{p}"]) / n if n else None
-        fixed = _mean([max(0.0, r["wall_s"] - sum(r[f"sec_{p}"] for p in STEP_PHASES if r[f"n_{p}"]) - (r.get("startup_s") or 0.0))
+        fixed = _mean([max(0.0, r["wall_s"] - sum(r[f"sec_{p}"] for p in PHASES if r[f"n_{p}"]) - (r.get("startup_s") or 0.0))
                        for r in rows])
         mem = [r["peak_host_mb"] for r in rows if r["peak_host_mb"] is not None]
         rates[k] = {"per": per, "fixed_s": fixed, "peak_host_mb": max(mem) if mem else None, "from": [f"{r['kind']} {r['name']}" for r in rows]}
@@ -317,9 +315,9 @@ def project(cfg: Config, measured: list[dict]) -> list[dict]:
             else:
                 counts = phase_counts(cfg, j["model"], j["sampler"], cfg.train_for(j["model"]).steps,
                                       resyncs=correction_info(j["correction"]).resync)
-            unmeasured = [p for p in STEP_PHASES if counts[p] and k["per"][p] is None]
+            unmeasured = [p for p in PHASES if counts[p] and k["per"][p] is None]
             startup_s = start["seconds"] if start else 0.0
-            seconds = startup_s + k["fixed_s"] + sum(counts[p] * (k["per"][p] or 0.0) for p in STEP_PHASES)
+            seconds = startup_s + k["fixed_s"] + sum(counts[p] * (k["per"][p] or 0.0) for p in PHASES)
             basis = "phases of " + ", ".join(k["from"]) + (f"; never measured: {', '.join(unmeasured)}" if unmeasured else "")
             if start:
                 basis += f"; start-up as a {start['process']} ({start['seconds']:.1f} s, mean of {start['jobs']} jobs)"
