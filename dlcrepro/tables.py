@@ -327,7 +327,7 @@ def redraw_tex(directory: Path) -> list[Path]:
         df = df.drop(columns=csv_only(df)).map(_as_written).rename(columns=OFF_SUPPORT_HEADERS)  # readable headers
         if header != list(df.columns) or len(shown_rows) != len(df):
             raise DamagedFileError(f"{md} shows {len(shown_rows)} rows of {header}, {csv} has {len(df)} of {list(df.columns)}: "
-                             f"not one table; write both again with `python -m dlcrepro tables`")
+                                   f"not one table; write both again with `python -m dlcrepro tables`")
         df = df.mask(df == "", pd.DataFrame(shown_rows, index=df.index, columns=df.columns))
         atomic_write_text(tex, to_tex(df, caption))
         done.append(tex)

@@ -90,6 +90,7 @@ def pytest_collection_modifyitems(config, items):
         heavy = set(HEAVY_MARKERS) & {m.name for m in item.iter_markers()} or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ()))
         if not heavy:
             item.add_marker(pytest.mark.quick)
+
     def file_of(item) -> str:
         return item.nodeid.split("::")[0]
 
