@@ -226,12 +226,10 @@ LINEAR_KERNELS: dict[tuple[str, str], int] = {}
 
 
 def wrap_cpu_linear_dispatch() -> None:
-    """Wrap vLLM's CPU linear dispatch (in this process, once): it first keeps the weight's row
-    products for the load manifest (`manifest.record_row_products`: vLLM may then drop the weight
-    into a packed kernel), and a BF16 layer vLLM leaves on the torch fallback computes with
-    `bf16_linear_fp32_sum` instead; each layer's kernel family is counted (`LINEAR_KERNELS`) for the
-    engine's log line and its comparison with the kernel path (kernels.py). The dispatch runs again at
-    every weight reload, and so does the wrapper."""
+    """Wrap vLLM's CPU linear dispatch (in this process, once): a BF16 layer vLLM leaves on the torch
+    fallback computes with `bf16_linear_fp32_sum` instead, and each layer's kernel family is counted
+    (`LINEAR_KERNELS`) for the engine's log line and its comparison with the kernel path (kernels.py).
+    The dispatch runs again at every weight reload, and so does the wrapper."""
     import vllm.model_executor.layers.utils as layer_utils
 
     if getattr(layer_utils.dispatch_cpu_unquantized_gemm, "dlcrepro_wrapped", False):
@@ -239,7 +237,6 @@ def wrap_cpu_linear_dispatch() -> None:
     vllm_dispatch = layer_utils.dispatch_cpu_unquantized_gemm
 
     def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
-        manifest.record_row_products(layer)
         vllm_dispatch(layer, remove_weight)
         fallback = layer.weight.dtype == torch.bfloat16 and _is_torch_fallback(getattr(layer, "cpu_linear", None))
         if fallback:
@@ -321,6 +318,11 @@ def _as_dtype(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, t
     return {k: v.to(dtype) for k, v in state.items()}
 
 
+# vLLM's native FP8 kernels that keep activations in BF16 (weight-only FP8): vLLM-CPU's AMX kernel
+# (model_executor/kernels/linear/scaled_mm/cpu.py: its W8A8 sibling needs AMX-FP8). Every other block-FP8
+# kernel quantizes activations per token in 1x128 groups, as the paper's GPU sampler does.
+W8A16_KERNELS = ("CPUFp8BlockScaledMMKernel",)
+
 PRECISIONS: dict[str, Precision] = {
     "bf16": Precision("bf16", _as_dtype, sync_bound=1.0),
     "fp8": Precision(
@@ -343,7 +345,13 @@ PRECISIONS: dict[str, Precision] = {
         ),
         # FlashAttention 3, which with the FP8 KV cache rounds the query to FP8 too: the H200's
         # default, pinned so that another GPU fails at start rather than computes something else.
-        native_gpu_engine_kwargs=dict(attention_config={"backend": "FLASH_ATTN", "flash_attn_version": 3}),
+        # CUTLASS's block-FP8 GEMM for the linear layers: it computes with the codes and scales as
+        # loaded (the emulation's). vLLM 0.32 would prefer DeepGEMM on an H200, which with
+        # VLLM_USE_DEEP_GEMM_E8M0 (on by default) requantizes weights and activation scales to powers
+        # of two (kernels/linear/scaled_mm/deep_gemm.py, fp8_utils.deepgemm_post_process_fp8_weight_block):
+        # another sampler than the emulation's, and weights the load check refuses.
+        native_gpu_engine_kwargs=dict(attention_config={"backend": "FLASH_ATTN", "flash_attn_version": 3},
+                                      linear_backend="cutlass"),
     ),
 }
 
@@ -446,6 +454,8 @@ class VLLMEngine:
                 log(f"warning: {wrong}")
             LINEAR_KERNELS.clear()
         self.dtype = getattr(torch, cfg.dtype)
+        # how the decoder's linear layers compute (method and kernel), refreshed at every verified load
+        (self.linear_methods,) = self.llm.collective_rpc(manifest.worker_linear_methods)
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self.eos_id = self.llm.llm_engine.model_config.hf_config.eos_token_id
         if self.precision.fp8_activations and not self.native:
@@ -475,6 +485,19 @@ class VLLMEngine:
         return int(cc.num_gpu_blocks * cc.block_size * 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * elem)
 
     @property
+    def computes_with(self) -> str:
+        """What this engine's numbers come from, as a cell records it: its precision, for FP8 the path
+        (emulated, or vLLM's native kernels and what they quantize), and the decoder's linear layers by
+        quantization method and kernel (docs/method.md, "What fp8 means on each backend")."""
+        layers = ", ".join(f"{n} {m}" for m, n in sorted(self.linear_methods.items()))
+        if self.precision.native_transform is None:
+            return f"{self.precision.name}: {layers}"
+        if not self.native:
+            return f"{self.precision.name} emulated (W8A8: block-FP8 weights, FP8 activations, BF16 kernels): {layers}"
+        w8a16 = any(m.endswith(tuple(W8A16_KERNELS)) for m in self.linear_methods)
+        return f"{self.precision.name} native ({'W8A16: activations in BF16' if w8a16 else 'W8A8'}): {layers}"
+
+    @property
     def kind(self) -> str:
         """The engine's precision as its error messages name it."""
         if self.precision.name == "bf16":
@@ -491,35 +514,35 @@ class VLLMEngine:
         (`push`) against `expected`: the trainer's current weights of that version (default: `state`
         itself, which checks the load path but not which version was sent)."""
         sent = self.transform(state)
-        t = time.perf_counter()
-        want = manifest.fingerprints(sent if expected is None or expected is state else self.transform(expected))
-        t = time.perf_counter() - t
-        self.push(sent, version, want)
-        self.manifest_seconds += t  # the trainer's side of the fingerprints
+        self.push(sent, version, sent if expected is None or expected is state else self.transform(expected))
 
-    def push(self, sent: dict[str, torch.Tensor], version: int, want: dict[str, manifest.Fingerprint]) -> manifest.Manifest:
+    def push(self, sent: dict[str, torch.Tensor], version: int, reference: dict[str, torch.Tensor]) -> manifest.Manifest:
         """Reload the engine with `sent` (already transformed, checkpoint names) as `version`; raise
         WeightLoadError, naming the parameters, unless every sent tensor was taken, every engine
-        parameter received one, and every engine tensor's fingerprint after vLLM's post-load
-        processing is `want`'s (checkpoint name -> fingerprint). Returns the manifest. Seconds: vLLM's
-        reload in `reload_seconds`, the manifest's own work (worker and comparison) in `manifest_seconds`."""
+        parameter received one, every decoder linear layer computes `reference`'s weights (what the
+        engine should hold, in the same format) within one FP8 or BF16 rounding, and every other engine
+        tensor has `reference`'s fingerprint (manifest.py). Returns the manifest. A reload that raises
+        or fails leaves the engine holding no version: it refuses to sample until a load passes.
+        Seconds: vLLM's reload in `reload_seconds`, the manifest's own work in `manifest_seconds`."""
         t = time.perf_counter()
-        (m,) = self.llm.collective_rpc(manifest.reload_with_manifest, args=(sent,))
-        wrong = manifest.problems(m, sent, want)
+        held, self.version = self.version, -1  # until the load is verified: a reload may raise part-way
+        (m,) = self.llm.collective_rpc(manifest.reload_with_manifest, args=(sent, reference, self.dtype))
+        wrong = manifest.problems(m, sent, reference)
         self.reload_seconds, self.manifest_seconds = m.reload_seconds, time.perf_counter() - t - m.reload_seconds
         self.llm.reset_prefix_cache()
         for w in m.warnings:
             if w not in self.reload_warnings:  # each once: a correct reload warns about the rotary embedding every time
                 self.reload_warnings.add(w)
                 log(f"vLLM, reloading version {version} into the {self.kind} engine, warned: {w}")
+        if m.unknown:  # refused before vLLM loaded anything: the engine keeps what it held
+            self.version = held
         if wrong:
-            if not m.unknown:  # reloaded, wrongly: the engine holds no version the trainer has
-                self.version = -1
             raise WeightLoadError(
                 f"weight load failed: the {self.kind} engine, given version {version}: " + "; ".join(wrong)
                 + (". vLLM warned: " + " | ".join(m.warnings) if m.warnings else "")
             )
         self.version = version
+        self.linear_methods = m.linear_methods
         return m
 
     def _check_loaded(self) -> None:

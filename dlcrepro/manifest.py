@@ -1,23 +1,34 @@
-"""The weight-sync load manifest: what a reload put into the engine, compared with what the trainer holds.
+"""The weight-sync load manifest: what a reload put into the engine, checked against the trainer's weights.
 
-At every push the engine's worker reports (`reload_with_manifest`) which of its model's parameters
-received tensors in that reload and a fingerprint of every checkpoint-named slice of them, read after
-vLLM's post-load processing; `problems` compares that with the fingerprints of the tensors the
-trainer means the engine to hold (`fingerprints`, computed the same way on the trainer's tensors after
-the precision's transform). Statistics of sampled tokens cannot tell a layer left at an old version
-from a correct one (docs/method.md, "The load manifest"); this can.
+At every push the engine's worker reloads the sent tensors (`reload_with_manifest`) and reports:
+- presence: which engine parameters received a tensor in that reload, and which sent names no
+  parameter takes;
+- each decoder linear layer by what it computes (`layer_readback`): the layer's own quantization
+  method (`quant_method.apply`, the kernel vLLM chose, whatever it did to the weight's storage after
+  loading) applied to one-hot probe rows returns the weight as the kernel computes with it, compared
+  elementwise with the weight the trainer means the engine to hold (`reference`), within the bound of
+  one FP8 or BF16 path (`worst_error`);
+- every other tensor (embeddings, norms, lm_head: vLLM keeps them in the checkpoint's layout) by a
+  fingerprint of its value.
+`problems` turns that into one line per kind of fault. Statistics of sampled tokens cannot tell a
+layer left at an old version from a correct one (docs/method.md, "The load manifest"); this can.
+
+Why by computation and not by the stored tensor: a backend may store a weight in its own layout
+after loading. vLLM-CPU packs BF16 weights for AMX or oneDNN (and drops `layer.weight`), VNNI-packs
+native FP8 weights on AMX; on a GPU DeepGEMM can requantize codes and scales. The kernel's output on
+one-hot rows is the same on every backend that computes the right thing, and only there.
 
 The fingerprint of a tensor T `(R, C)` (1-D: `(R, 1)`) is u_R · (T v_C) in float64, with u_R and v_C
-fixed pseudo-random vectors of lengths R and C, entries in [-1, 1). A fused vLLM parameter (qkv_proj:
-q, k, v stacked along rows; gate_up_proj: gate, up) is sliced by rows into its checkpoint names, so
-the engine's slice and the trainer's tensor get the same u and v. Two tensors whose values differ
-anywhere give different fingerprints (for random u, v, a nonzero difference projects to zero with
-probability 0); the same values give the same float64 sums up to their rounding (`TOLERANCE`).
+fixed pseudo-random vectors of lengths R and C, entries in [-1, 1). A fused vLLM parameter is sliced
+by rows into its checkpoint names. Two tensors whose values differ anywhere give different
+fingerprints (for random u, v, a nonzero difference projects to zero with probability 0); the same
+values give the same float64 sums up to their rounding (`TOLERANCE`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,15 +36,28 @@ from functools import lru_cache
 
 import torch
 
-# Row products are kept on a linear layer at vLLM's CPU dispatch (`record_row_products`): where oneDNN,
-# AMX or zentorch pack the weight, vLLM then replaces `layer.weight` by an empty tensor (layers/utils.py,
-# dispatch_cpu_unquantized_gemm, remove_weight=True), and the packed copy cannot be read back.
-ROWS_ATTR = "dlcrepro_row_products"
+from . import quant
+
 # Two fingerprints agree when they differ by at most this times the sum of |u_i (T v)_i|: the float64
 # rounding of sums of up to ~10^6 terms is ~10^-13 of it; one BF16 unit changed in one weight of a
 # 128 x 128 matrix moves the fingerprint ~10^4 times this bound.
 TOLERANCE = 1e-9
 CHUNK_ELEMENTS = 2**22  # rows are projected in chunks of about this many elements (float64 copies of 32 MiB)
+
+# A linear layer is probed with one-hot rows (the identity), PROBE_ROWS at a time: its output on row j
+# is column j of the weight as its kernel computes with it. Dense (Gaussian) probes are not enough:
+# measured on vLLM-CPU's AMX FP8 kernel, they hide one FP8 code moved by one step and a layer 0.1 %
+# stale (docs/measurements.md, "The load check by what each layer computes").
+PROBE_ROWS = 1024
+# The elementwise bound: |computed − expected| ≤ ROUNDING · (|expected| + 2·S_sub). ROUNDING = 2^-7 is
+# two BF16 roundings (unit 2^-8): the weight's (a W8A16 kernel dequantizes code x scale to BF16) and
+# the output's. S_sub is the FP8 block scale where a code is zero or subnormal (|code| < 2^-6), else
+# 0: vLLM-CPU's AMX FP8 kernel computes code m of those as 2^-7·(1 + m/8)·scale (zero is not zero).
+# A correct push reaches at most 1/2 of the bound (one rounding; 0 where the engine holds BF16 values
+# and one-hot rows read them back exactly); one FP8 code moved by one step reaches ≥ 8.
+ROUNDING = 2.0**-7
+FP8_MIN_NORMAL = 2.0**-6
+BOUND = 1.0  # a layer passes when its worst element is at most this many bounds away
 
 
 @dataclass(frozen=True)
@@ -73,12 +97,51 @@ def fingerprints(state: dict[str, torch.Tensor]) -> dict[str, Fingerprint]:
     return {k: fingerprint_of_rows(row_products(v)) for k, v in state.items()}
 
 
-def record_row_products(layer: torch.nn.Module) -> None:
-    """Keep the row products of `layer.weight` on the layer: called by vLLM's CPU linear dispatch just
-    before it builds the kernel from the weight (and may drop the weight)."""
-    w = getattr(layer, "weight", None)
-    if w is not None and w.numel() and not w.is_meta:
-        setattr(layer, ROWS_ATTR, row_products(w))
+# --------------------------------------------------------------------------- a linear layer by what it computes
+
+
+def layer_readback(compute, in_features: int, dtype: torch.dtype, device: torch.device | str = "cpu",
+                   rows: int = PROBE_ROWS) -> torch.Tensor:
+    """`(out, in)` float32: the weight a linear map computes with, read through `compute`
+    (`(M, in)` -> `(M, out)`, e.g. a vLLM layer's `quant_method.apply`) on one-hot rows of `dtype`,
+    `rows` at a time. Exact for any kernel that rounds only its output: one nonzero term per sum."""
+    cols = []
+    with torch.no_grad():
+        for first in range(0, in_features, rows):
+            n = min(rows, in_features - first)
+            probe = torch.zeros(n, in_features, dtype=dtype, device=device)
+            probe[:, first : first + n].fill_diagonal_(1)
+            cols.append(compute(probe).float().T.cpu())
+    return torch.cat(cols, dim=1)
+
+
+def reference_weight(reference: dict[str, torch.Tensor], name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the weight `name` of a reference state dict in float32, the FP8 block scale at each of its
+    zero or subnormal codes (0 elsewhere), or None for a weight that is not FP8 codes): a block-FP8
+    weight (`name` with `name + "_scale_inv"`, quant.fp8_checkpoint_state_dict) is dequantized."""
+    w, scale = reference[name], reference.get(name + "_scale_inv")
+    if scale is None:
+        return w.float().cpu(), None
+    codes = w.cpu()
+    dense = quant.fp8_block_dequantize(codes, scale.cpu())
+    per_element = quant.fp8_block_dequantize(torch.ones_like(codes, dtype=torch.float32), scale.cpu())
+    return dense, torch.where(codes.float().abs() < FP8_MIN_NORMAL, per_element, torch.zeros_like(dense))
+
+
+def worst_error(computed: torch.Tensor, expected: torch.Tensor, sub_scale: torch.Tensor | None = None) -> float:
+    """max over elements of |computed − expected| / (ROUNDING · (|expected| + 2·sub_scale)): a layer
+    computing the expected weight through one FP8 or BF16 path stays ≤ BOUND. An element whose bound
+    is 0 counts 0 if equal, else inf; NaN counts inf."""
+    if computed.shape != expected.shape:
+        return math.inf
+    d = (computed.float() - expected.float()).abs()
+    b = expected.float().abs()
+    if sub_scale is not None:
+        b = b + 2 * sub_scale
+    b = ROUNDING * b
+    ratio = torch.where(d == 0, torch.zeros_like(d), d / b)
+    ratio = torch.where(ratio.isnan(), math.inf, ratio)
+    return float(ratio.max()) if ratio.numel() else 0.0
 
 
 # --------------------------------------------------------------------------- the engine's side
@@ -99,16 +162,12 @@ def _checkpoint_names(model: torch.nn.Module) -> dict[str, tuple[str, int, int]]
     return out
 
 
-def _readable_rows(model: torch.nn.Module, name: str) -> torch.Tensor | None:
-    """`(R,)` row products of an engine parameter as it holds it now: from the tensor itself, or,
-    where vLLM's CPU dispatch dropped it (empty), those recorded when the kernel was built in this
-    reload; None if neither (the layer was not processed in this reload)."""
-    module_name, _, pname = name.rpartition(".")
-    module = model.get_submodule(module_name)
-    t = module.get_parameter(pname)
-    if t.numel():
-        return row_products(t)
-    return getattr(module, ROWS_ATTR, None) if pname == "weight" else None
+def decoder_linear_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """vLLM's linear layers of the decoder blocks (module name -> layer): the layers whose weights
+    the load check reads by what they compute."""
+    from vllm.model_executor.layers.linear import LinearBase
+
+    return {name: m for name, m in model.named_modules() if isinstance(m, LinearBase) and ".layers." in f".{name}"}
 
 
 def _shard_rows(module: torch.nn.Module, total: int, index: int, count: int) -> tuple[int, int]:
@@ -124,7 +183,8 @@ def _shard_rows(module: torch.nn.Module, total: int, index: int, count: int) -> 
 
 def _engine_shape(model: torch.nn.Module, param: str, index: int, count: int) -> tuple[int, ...]:
     """The shape of the checkpoint tensor shard `index` of `count` of an engine parameter takes;
-    a linear weight that vLLM's CPU dispatch dropped has the layer's (output_size, input_size)."""
+    a linear weight that vLLM's CPU dispatch dropped (packed for its kernel) has the layer's
+    (output_size, input_size)."""
     module_name, _, pname = param.rpartition(".")
     module = model.get_submodule(module_name)
     t = module.get_parameter(pname)
@@ -140,19 +200,46 @@ class Manifest:
     not_received: engine parameters (tied aliases resolved) that did not.
     unknown: sent names that no engine parameter takes, or whose shape it does not have (nothing
       was reloaded then: vLLM would raise halfway, its layers left on the meta device).
-    fingerprints: per checkpoint name, the engine's slice after post-load processing.
-    unreadable: engine parameters with no readable value (a layer not processed in this reload).
+    computed: per checkpoint weight name of a decoder linear layer, the worst element of what the
+      layer computes against the reference weight, in units of the bound (`worst_error`; ≤ BOUND passes).
+    fingerprints: per checkpoint name of every other tensor, the engine's value after post-load processing.
+    unreadable: engine parameters outside the linear layers with no value (an empty tensor).
+    linear_methods: the decoder's linear layers counted by quantization method and kernel (`linear_method`).
     warnings: what vLLM logged at WARNING or above during the reload.
-    reload_seconds: vLLM's reload itself (with the row products kept at its CPU dispatch).
+    reload_seconds: vLLM's reload itself; check_seconds: the worker's reading of what the layers compute.
     """
 
     received: list[str] = field(default_factory=list)
     not_received: list[str] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
+    computed: dict[str, float] = field(default_factory=dict)
     fingerprints: dict[str, Fingerprint] = field(default_factory=dict)
     unreadable: list[str] = field(default_factory=list)
+    linear_methods: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     reload_seconds: float = 0.0
+    check_seconds: float = 0.0
+
+
+def linear_method(layer: torch.nn.Module) -> str:
+    """How a vLLM linear layer computes: its quantization method's class, and for a quantized one the
+    kernel vLLM chose (`Fp8LinearMethod/CPUFp8BlockScaledMMKernel`, `Fp8LinearMethod/CutlassFp8BlockScaledMMKernel`)."""
+    method = layer.quant_method
+    kernel = getattr(method, "fp8_linear", None)
+    return type(method).__name__ + (f"/{type(kernel).__name__}" if kernel is not None else "")
+
+
+def linear_methods(model: torch.nn.Module) -> dict[str, int]:
+    """The decoder's linear layers counted by `linear_method`."""
+    counts: dict[str, int] = {}
+    for layer in decoder_linear_layers(model).values():
+        counts[linear_method(layer)] = counts.get(linear_method(layer), 0) + 1
+    return counts
+
+
+def worker_linear_methods(worker) -> dict[str, int]:
+    """(Runs in vLLM's worker.) `linear_methods` of the worker's model."""
+    return linear_methods(worker.model_runner.get_model())
 
 
 class _Records(logging.Handler):
@@ -179,20 +266,48 @@ def vllm_warnings():
         logger.removeHandler(handler)
 
 
-def reload_with_manifest(worker, sent: dict[str, torch.Tensor]) -> Manifest:
+def _read_linear_layers(model: torch.nn.Module, names: dict[str, tuple[str, int, int]],
+                        reference: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[dict[str, float], set[str]]:
+    """Each decoder linear layer's computed weight against `reference`, shard by shard: (checkpoint
+    weight name -> worst error in bounds, the engine parameters these cover: every parameter of those
+    layers but a bias, which `quant_method.apply(layer, x, None)` leaves out)."""
+    layers = decoder_linear_layers(model)
+    shards: dict[str, list[tuple[str, int, int]]] = {}
+    for ckpt, (param, index, count) in names.items():
+        module_name, _, pname = param.rpartition(".")
+        if module_name in layers and pname == "weight":
+            shards.setdefault(module_name, []).append((ckpt, index, count))
+    computed, covered = {}, set()
+    for module_name, layer in layers.items():
+        covered.update(f"{module_name}.{p}" for p, _ in layer.named_parameters(recurse=False) if p != "bias")
+        device = next(layer.parameters()).device
+        readback = layer_readback(lambda x: layer.quant_method.apply(layer, x, None), layer.input_size_per_partition,
+                                  dtype, device)
+        for ckpt, index, count in shards.get(module_name, []):
+            first, n = _shard_rows(layer, readback.shape[0], index, count)
+            if ckpt not in reference:
+                computed[ckpt] = math.inf  # nothing to compare with: `problems` names it as not sent
+                continue
+            expected, sub_scale = reference_weight(reference, ckpt)
+            computed[ckpt] = worst_error(readback[first : first + n], expected, sub_scale)
+    return computed, covered
+
+
+def reload_with_manifest(worker, sent: dict[str, torch.Tensor], reference: dict[str, torch.Tensor] | None = None,
+                         dtype: torch.dtype = torch.bfloat16) -> Manifest:
     """(Runs in vLLM's worker.) Reload `sent` in place, in checkpoint format (vLLM re-runs each
-    layer's post-load processing), and report what arrived. Sent names that no engine parameter
-    takes, or takes in another shape, stop it before anything is reloaded."""
+    layer's post-load processing), and report what arrived: presence, each decoder linear layer's
+    computed weight against `reference` (default `sent`: what the engine should hold, in the same
+    format), probed in `dtype` (the engine's), and every other tensor's fingerprint. Sent names that
+    no engine parameter takes, or takes in another shape, stop it before anything is reloaded."""
     model = worker.model_runner.get_model()
+    reference = sent if reference is None else reference
     names = _checkpoint_names(model)
     unknown = sorted(k for k in sent if k not in names)
     unknown += sorted(f"{k} {tuple(t.shape)} (the engine's is {shape})" for k, t in sent.items()
                       if k in names and (shape := _engine_shape(model, *names[k])) != tuple(t.shape))
     if unknown:
         return Manifest(unknown=unknown)
-    for module in model.modules():  # a layer this reload does not process must not show old row products
-        if hasattr(module, ROWS_ATTR):
-            delattr(module, ROWS_ATTR)
     received: set[str] = set()
     vllm_load = model.load_weights
 
@@ -211,10 +326,17 @@ def reload_with_manifest(worker, sent: dict[str, torch.Tensor]) -> Manifest:
     got = {id(model.get_parameter(n)) for n in received}
     out = Manifest(received=sorted(received), warnings=warnings, reload_seconds=time.perf_counter() - t)
     out.not_received = [n for n, p in model.named_parameters() if id(p) not in got]
+    t = time.perf_counter()
+    out.computed, covered = _read_linear_layers(model, names, reference, dtype)
+    out.check_seconds = time.perf_counter() - t
+    out.linear_methods = linear_methods(model)
     rows_of: dict[str, torch.Tensor | None] = {}
     for ckpt, (param, index, count) in names.items():
+        if param in covered:
+            continue
         if param not in rows_of:
-            rows_of[param] = _readable_rows(model, param)
+            t_param = model.get_parameter(param)
+            rows_of[param] = row_products(t_param) if t_param.numel() else None
         rows = rows_of[param]
         if rows is None:
             out.unreadable.append(param)
@@ -233,11 +355,12 @@ def _named(what: str, names: list[str], limit: int = 24) -> str:
     return f"{what}: {', '.join(names[:limit])}{more}"
 
 
-def problems(m: Manifest, sent: dict[str, torch.Tensor], expected: dict[str, Fingerprint]) -> list[str]:
+def problems(m: Manifest, sent: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> list[str]:
     """What is wrong with a reload, one line per kind, naming the parameters ([] if nothing):
     sent tensors no engine parameter took, engine parameters that received none, tensors the
-    trainer holds but did not send, and checkpoint names whose engine slice's fingerprint is not the
-    trainer's (`expected`: checkpoint name -> fingerprint of what the engine should hold)."""
+    trainer holds but did not send, decoder linear layers that do not compute the reference's
+    weights within the bound, and other engine tensors whose fingerprint is not the reference's
+    (`reference`: checkpoint name -> what the engine should hold, in the engine's format)."""
     if m.unknown:
         return [_named("sent tensors no engine parameter takes in their name and shape (nothing was reloaded)",
                        m.unknown)]
@@ -246,11 +369,17 @@ def problems(m: Manifest, sent: dict[str, torch.Tensor], expected: dict[str, Fin
         out.append(_named("engine parameters that received no tensor in this reload (they keep their previous values)",
                           m.not_received))
     if m.unreadable:
-        out.append(_named("engine parameters whose layer was not processed in this reload", m.unreadable))
-    missing = sorted(k for k in expected if k not in sent)
+        out.append(_named("engine parameters with no value after this reload", m.unreadable))
+    missing = sorted(k for k in reference if k not in sent)
     if missing:
         out.append(_named("tensors the trainer holds but did not send", missing))
-    off = [k for k, want in expected.items() if k in m.fingerprints and not m.fingerprints[k].matches(want)]
+    wrong = sorted((k for k, e in m.computed.items() if not e <= BOUND), key=lambda k: -m.computed[k])
+    if wrong:
+        out.append(_named("engine linear layers that do not compute the trainer's weights (worst element, "
+                          "in bounds of one FP8 or BF16 rounding; a correct load stays under 1)",
+                          [f"{k} {m.computed[k]:.3g}" for k in wrong]))
+    want = fingerprints({k: reference[k] for k in m.fingerprints if k in reference})
+    off = [k for k, fp in want.items() if not m.fingerprints[k].matches(fp)]
     if off:
         out.append(_named("engine tensors whose fingerprint is not the trainer's (other values, shape or place)", off))
     return out

@@ -338,7 +338,7 @@ def test_a_training_sync_whose_weights_do_not_arrive_stops_the_run(tiny_model_di
 
     monkeypatch.setattr(tr.engine, "load_weights", zeroed)
     cell.step = 2
-    with pytest.raises(WeightLoadError, match="the bf16 engine, given version 2: engine tensors whose fingerprint is not"):
+    with pytest.raises(WeightLoadError, match="the bf16 engine, given version 2: engine linear layers that do not compute the trainer's weights"):
         tr.sync_sampler(cell)
     with torch.no_grad():  # twice BLOWUP-fold since the last version the engine matched
         for p in tr.params:

@@ -98,13 +98,21 @@ FAULTS = fault_table(4)  # the tiny model's
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp8"])
-def test_a_correct_push_passes_and_every_engine_tensor_has_the_trainers_fingerprint(engines, weights, name):
+def test_a_correct_push_passes_each_linear_layer_computes_the_trainers_weight_and_the_rest_has_its_fingerprint(
+        engines, weights, name):
+    """Every checkpoint name is checked once: a decoder linear layer's weight by what the layer computes
+    on one-hot rows (q, k, v and gate, up sliced out of vLLM's fused layers), exactly here (the engine
+    holds BF16 values, which one-hot rows read back without rounding); every other tensor by its fingerprint."""
     engine, theta_1 = engines[name], weights["theta_1"]
-    m = engine.push(engine.transform(theta_1), 1, manifest.fingerprints(engine.transform(theta_1)))
+    m = engine.push(engine.transform(theta_1), 1, engine.transform(theta_1))
     assert engine.version == 1 and not m.not_received and not m.unreadable and not m.unknown
-    assert set(m.fingerprints) == set(theta_1)  # every checkpoint name, qkv and gate_up sliced out of vLLM's fused ones
+    linear = {k for k, v in theta_1.items() if quant.is_quantized_weight(k, v)}
+    assert set(m.computed) == linear and len(linear) == 4 * 7
+    assert set(m.fingerprints) == set(theta_1) - linear
+    assert all(e == 0 for e in m.computed.values()), m.computed
     want = manifest.fingerprints(engine.transform(theta_1))
-    assert all(m.fingerprints[k].matches(want[k]) for k in theta_1)
+    assert all(m.fingerprints[k].matches(want[k]) for k in m.fingerprints)
+    assert engine.linear_methods == {"UnquantizedLinearMethod": 4 * 4}  # qkv, o, gate_up, down per layer
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp8"])
@@ -145,13 +153,13 @@ def load_past_the_manifest(engine: VLLMEngine, sent: dict, version: int) -> mani
 
 def test_stale_fp8_scales_are_caught(engines, weights):
     """The emulated FP8 engine is sent one layer's block-FP8 codes of θ_1 dequantized with θ_0's
-    block scales (`stale_fp8_scales`): its fingerprint is not that of θ_1's dequantized weight."""
+    block scales (`stale_fp8_scales`): that layer does not compute θ_1's dequantized weight."""
     engine, t1, t0 = engines["fp8"], weights["theta_1"], weights["theta_0"]
     k = STALE_SCALES
     sent = stale_fp8_scales(engine, t1, t0)
     try:
-        with pytest.raises(WeightLoadError, match=rf"fingerprint is not the trainer's.*{k.replace('.', '[.]')}"):
-            engine.push(sent, 1, manifest.fingerprints(engine.transform(t1)))
+        with pytest.raises(WeightLoadError, match=rf"do not compute the trainer's weights.*{k.replace('.', '[.]')}"):
+            engine.push(sent, 1, engine.transform(t1))
     finally:
         engine.load_weights(t1, 1)
 
@@ -186,7 +194,7 @@ def test_every_fault_is_caught_on_the_rehearsals_qwen3_checkpoint(rehearsal_cach
     for fault, (sent, named) in cases.items():
         try:
             if fault == "stale FP8 scales":  # already in the engine's form: pushed as the worker receives it
-                engine.push(sent, 1, manifest.fingerprints(engine.transform(t1)))
+                engine.push(sent, 1, engine.transform(t1))
             else:
                 engine.load_weights(sent, 1, expected=t1)
         except WeightLoadError as e:
@@ -249,7 +257,7 @@ def test_a_name_no_engine_parameter_takes_reloads_nothing(engines, weights):
     with pytest.raises(WeightLoadError, match="nothing was reloaded"):
         engine.load_weights(misnamed, 2, expected=weights["theta_0"])
     assert engine.version == 1
-    engine.push(engine.transform(t1), 1, manifest.fingerprints(engine.transform(t1)))  # it still holds θ_1
+    engine.push(engine.transform(t1), 1, engine.transform(t1))  # it still holds θ_1
     assert engine.generate([[3, 4, 5]], 1, seed=0).response_ids
 
 
@@ -267,6 +275,25 @@ def test_a_failed_load_shows_what_vllm_warned_and_the_engine_refuses_to_sample(e
         engine.load_weights(t1, 1)
 
 
+def test_a_reload_that_raises_part_way_leaves_the_engine_refusing_to_sample(engines, weights):
+    """vLLM raises in the middle of a reload (here: one tensor of layer 2 has no data, a meta tensor of
+    the right name and shape, so the layers before it are already overwritten): the engine holds no
+    version and refuses to sample until a load passes."""
+    engine, t1 = engines["bf16"], weights["theta_1"]
+    key = f"{L}2.mlp.down_proj.weight"
+    broken = {**engine.transform(weights["theta_0"]), key: torch.empty(t1[key].shape, dtype=engine.dtype, device="meta")}
+    try:
+        with pytest.raises(Exception) as raised:
+            engine.push(broken, 2, engine.transform(weights["theta_0"]))
+        assert not isinstance(raised.value, WeightLoadError), "the reload was meant to raise inside vLLM"
+        assert engine.version == -1
+        with pytest.raises(RuntimeError, match="holds no verified weights"):
+            engine.generate([[3, 4, 5]], 1, seed=0)
+    finally:
+        engine.load_weights(t1, 1)
+    assert engine.version == 1 and engine.generate([[3, 4, 5]], 1, seed=0).response_ids
+
+
 def test_native_fp8_engine_catches_a_dropped_key(tmp_path, smoke_cfg):
     """vLLM's native block-FP8 engine (AMX or a GPU) receives FP8 codes and their block scales: a
     dropped scale is caught. Skipped, saying why, where that engine does not build."""
@@ -281,7 +308,7 @@ def test_native_fp8_engine_catches_a_dropped_key(tmp_path, smoke_cfg):
     engine = native_fp8_engine_or_skip(mdir, smoke_cfg, state)
     sent = {k: v for k, v in engine.transform(state).items() if k != f"{L}1.mlp.down_proj.weight_scale_inv"}
     with pytest.raises(WeightLoadError, match=r"down_proj"):
-        engine.push(sent, 1, manifest.fingerprints(engine.transform(state)))
+        engine.push(sent, 1, engine.transform(state))
 
 
 # --------------------------------------------------------------------------- divergence is never a load fault
@@ -320,7 +347,7 @@ def test_a_load_fault_after_the_weights_blew_up_stops_the_run_as_a_fault(trainer
     """A push whose load is wrong (here: the sampler's copy never updated, so θ_0 is sent as θ_1)
     raises WeightLoadError, not Diverged, though the weights grew past BLOWUP."""
     monkeypatch.setattr(trainer.sampler_model, "load_state_dict", lambda *a, **k: None)
-    with pytest.raises(WeightLoadError, match="given version 1: engine tensors whose fingerprint is not the trainer's"):
+    with pytest.raises(WeightLoadError, match="given version 1: engine linear layers that do not compute the trainer's weights"):
         trainer.sync_sampler(blown_up)
 
 
