@@ -247,6 +247,7 @@ def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkp
     summary["steps_timed"] = cell.step - first_step  # the steps seconds_by_phase covers
     summary.update(started)
     summary.update(resource_use(tr))
+    summary["sampler_computes_with"] = tr.engine.computes_with  # which FP8 path (or BF16) sampled this cell
     summary["metrics_file"] = digest  # what `collect` checks the table against
     trackers.finish(summary)
     if trackers.status:

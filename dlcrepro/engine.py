@@ -126,7 +126,7 @@ class Engine(Protocol):
 
     version: int
 
-    def load_weights(self, state: dict[str, torch.Tensor], version: int, expected: dict[str, torch.Tensor] | None = None) -> None:
+    def load_weights(self, state: dict[str, torch.Tensor], version: int, expected: dict[str, torch.Tensor] | None = None):
         """Replace the engine's weights (trainer parameter names) and record their version; raise if
         the engine does not then hold `expected` (default `state`): the load manifest."""
 
@@ -509,12 +509,13 @@ class VLLMEngine:
         transform = self.precision.native_transform if self.native else self.precision.transform
         return transform(state, self.dtype)
 
-    def load_weights(self, state: dict[str, torch.Tensor], version: int, expected: dict[str, torch.Tensor] | None = None) -> None:
+    def load_weights(self, state: dict[str, torch.Tensor], version: int,
+                     expected: dict[str, torch.Tensor] | None = None) -> manifest.Manifest:
         """Reload the engine with the trainer state `state` as `version`, and check its manifest
         (`push`) against `expected`: the trainer's current weights of that version (default: `state`
-        itself, which checks the load path but not which version was sent)."""
+        itself, which checks the load path but not which version was sent). Returns the manifest."""
         sent = self.transform(state)
-        self.push(sent, version, sent if expected is None or expected is state else self.transform(expected))
+        return self.push(sent, version, sent if expected is None or expected is state else self.transform(expected))
 
     def push(self, sent: dict[str, torch.Tensor], version: int, reference: dict[str, torch.Tensor]) -> manifest.Manifest:
         """Reload the engine with `sent` (already transformed, checkpoint names) as `version`; raise

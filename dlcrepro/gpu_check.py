@@ -15,8 +15,9 @@ Pieces:
                 (by sequences and padded tokens, each micro-batch cut to its longest row)
   vllm-bf16     vLLM engine (CUDA graphs) on the tiny model: weights pushed, samples, log-probs
                 within BF16 tolerance of the trainer's
-  vllm-fp8      vLLM's native block-FP8 path fed weight + weight_scale_inv: samples, a larger
-                discrepancy than BF16, and a sync that changes the samples
+  vllm-fp8      vLLM's native block-FP8 path (CUTLASS, pinned) fed weight + weight_scale_inv: the
+                kernel each layer got, the load check reading every layer through it (scales used as
+                sent, not requantized), samples, a larger discrepancy than BF16, a sync that changes them
   cell          three steps of a real grid cell (fp8_stale/dlc) through run_cell on the device
   paper-trainer the trainer's side of one paper step (a stale sampler, dlc, probes) at Qwen3-0.6B
                 and -1.7B size (random weights, their published architectures) with the paper
@@ -218,11 +219,14 @@ def check_vllm(dev: torch.device, tmp: Path, precision: str) -> str:
     t = time.perf_counter()
     engine = VLLMEngine(str(mdir), cfg, precision, seed=0, max_model_len=64)
     start = time.perf_counter() - t
-    engine.load_weights({k: v.detach() for k, v in model.state_dict().items()}, 0)
+    # the load check reads each layer through its kernel: scales requantized after loading (DeepGEMM's
+    # E8M0) or a kernel computing something else fail it here, naming the layers
+    loaded = engine.load_weights({k: v.detach() for k, v in model.state_dict().items()}, 0)
     r, delta = _delta(engine, model, prompts, dev)
     assert r.topk_logp is not None and torch.allclose(r.topk_logp.exp().sum(-1), torch.ones(len(r.topk_logp)), atol=2e-2)
-    kind = "native block-FP8" if engine.native else ("emulated FP8" if precision == "fp8" else "BF16")
-    msg = f"start {start:.1f} s, {kind}, eager {engine.llm.llm_engine.model_config.enforce_eager}, mean |δ| {delta:.4f}/token"
+    msg = (f"start {start:.1f} s, {engine.computes_with}; every layer computes the weights as sent (worst "
+           f"{max(loaded.computed.values()):.3g} of the bound); eager {engine.llm.llm_engine.model_config.enforce_eager}, "
+           f"mean |δ| {delta:.4f}/token")
     if precision == "bf16":
         assert delta < 0.05, msg
     else:

