@@ -134,14 +134,16 @@ def worst_error(computed: torch.Tensor, expected: torch.Tensor, sub_scale: torch
     is 0 counts 0 if equal, else inf; NaN counts inf."""
     if computed.shape != expected.shape:
         return math.inf
-    d = (computed.float() - expected.float()).abs()
+    if not computed.numel():
+        return 0.0
+    d = computed.float().sub(expected).abs_()
     b = expected.float().abs()
     if sub_scale is not None:
-        b = b + 2 * sub_scale
-    b = ROUNDING * b
-    ratio = torch.where(d == 0, torch.zeros_like(d), d / b)
-    ratio = torch.where(ratio.isnan(), math.inf, ratio)
-    return float(ratio.max()) if ratio.numel() else 0.0
+        b.add_(sub_scale, alpha=2)
+    ratio = d.div_(b.mul_(ROUNDING))
+    ratio.masked_fill_(ratio.isnan(), math.inf)  # NaN computed, or 0/0 (fixed just below)
+    ratio.masked_fill_(computed.float() == expected, 0)  # equal, even where the bound is 0
+    return float(ratio.max())
 
 
 # --------------------------------------------------------------------------- the engine's side
@@ -375,8 +377,8 @@ def problems(m: Manifest, sent: dict[str, torch.Tensor], reference: dict[str, to
         out.append(_named("tensors the trainer holds but did not send", missing))
     wrong = sorted((k for k, e in m.computed.items() if not e <= BOUND), key=lambda k: -m.computed[k])
     if wrong:
-        out.append(_named("engine linear layers that do not compute the trainer's weights (worst element, "
-                          "in bounds of one FP8 or BF16 rounding; a correct load stays under 1)",
+        out.append(_named("engine linear layers that do not compute the trainer's weights (their worst element "
+                          "in bounds of one FP8 or BF16 path, under 1 for a correct load)",
                           [f"{k} {m.computed[k]:.3g}" for k in wrong]))
     want = fingerprints({k: reference[k] for k in m.fingerprints if k in reference})
     off = [k for k, fp in want.items() if not m.fingerprints[k].matches(fp)]
