@@ -4,9 +4,10 @@ The engine is a real vLLM instance in this process (`VLLM_ENABLE_V1_MULTIPROCESS
 New weights go in through `llm.collective_rpc(fn)` whose worker-side function reloads them in
 place (`model_runner.reload_weights`: `model.load_weights` plus each layer's post-load processing)
 and reports what arrived: the load manifest, checked against the trainer's weights (manifest.py).
-FP8 on GPU is vLLM's own path: block-FP8 linear layers fed FP8 weights and their `weight_scale_inv`
-at every sync, and FP8 attention (`kv_cache_dtype="fp8"`, FlashAttention 3). On CPU, vLLM's FP8
-weight kernels do not run, so the FP8 engine emulates both with forward pre-hooks registered inside
+FP8 on GPU is vLLM's own path: block-FP8 linear layers (CUTLASS, pinned) fed FP8 weights and their
+`weight_scale_inv` at every sync, and FP8 attention (`kv_cache_dtype="fp8"`, FlashAttention 3). On
+CPU, vLLM's FP8 weight kernel runs only with AMX, and is W8A16 there (docs/method.md, "What fp8
+means on each backend"), so the FP8 engine emulates both with forward pre-hooks registered inside
 the vLLM model: it holds block-FP8-rounded weights, rounds each linear layer's input per token in
 1x128 groups, and rounds each attention layer's query, key and value to FP8 with a scale of 1.0 in
 a BF16 KV cache (which then holds FP8 values: what an FP8 cache with scale 1.0 holds; vLLM-CPU's
