@@ -102,7 +102,7 @@ def fingerprints(state: dict[str, torch.Tensor]) -> dict[str, Fingerprint]:
 
 def layer_readback(compute, in_features: int, dtype: torch.dtype, device: torch.device | str = "cpu",
                    rows: int = PROBE_ROWS) -> torch.Tensor:
-    """`(out, in)` float32: the weight a linear map computes with, read through `compute`
+    """`(out, in)` float32 on `device`: the weight a linear map computes with, read through `compute`
     (`(M, in)` -> `(M, out)`, e.g. a vLLM layer's `quant_method.apply`) on one-hot rows of `dtype`,
     `rows` at a time. Exact for any kernel that rounds only its output: one nonzero term per sum."""
     cols = []
@@ -111,21 +111,22 @@ def layer_readback(compute, in_features: int, dtype: torch.dtype, device: torch.
             n = min(rows, in_features - first)
             probe = torch.zeros(n, in_features, dtype=dtype, device=device)
             probe[:, first : first + n].fill_diagonal_(1)
-            cols.append(compute(probe).float().T.cpu())
+            cols.append(compute(probe).float().T)
     return torch.cat(cols, dim=1)
 
 
-def reference_weight(reference: dict[str, torch.Tensor], name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(the weight `name` of a reference state dict in float32, the FP8 block scale at each of its
-    zero or subnormal codes (0 elsewhere), or None for a weight that is not FP8 codes): a block-FP8
-    weight (`name` with `name + "_scale_inv"`, quant.fp8_checkpoint_state_dict) is dequantized."""
-    w, scale = reference[name], reference.get(name + "_scale_inv")
+def reference_weight(reference: dict[str, torch.Tensor], name: str,
+                     device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the weight `name` of a reference state dict in float32 on `device`, the FP8 block scale at each
+    of its zero or subnormal codes (0 elsewhere), or None for a weight that is not FP8 codes): a
+    block-FP8 weight (`name` with `name + "_scale_inv"`, quant.fp8_checkpoint_state_dict) is dequantized."""
+    w, scale = reference[name].to(device), reference.get(name + "_scale_inv")
     if scale is None:
-        return w.float().cpu(), None
-    codes = w.cpu()
-    dense = quant.fp8_block_dequantize(codes, scale.cpu())
-    per_element = quant.fp8_block_dequantize(torch.ones_like(codes, dtype=torch.float32), scale.cpu())
-    return dense, torch.where(codes.float().abs() < FP8_MIN_NORMAL, per_element, torch.zeros_like(dense))
+        return w.float(), None
+    scale = scale.to(device)
+    dense = quant.fp8_block_dequantize(w, scale)
+    per_element = quant.fp8_block_dequantize(torch.ones_like(w, dtype=torch.float32), scale)
+    return dense, torch.where(w.float().abs() < FP8_MIN_NORMAL, per_element, torch.zeros_like(dense))
 
 
 def worst_error(computed: torch.Tensor, expected: torch.Tensor, sub_scale: torch.Tensor | None = None) -> float:
@@ -290,7 +291,7 @@ def _read_linear_layers(model: torch.nn.Module, names: dict[str, tuple[str, int,
             if ckpt not in reference:
                 computed[ckpt] = math.inf  # nothing to compare with: `problems` names it as not sent
                 continue
-            expected, sub_scale = reference_weight(reference, ckpt)
+            expected, sub_scale = reference_weight(reference, ckpt, readback.device)  # compared where the layer is
             computed[ckpt] = worst_error(readback[first : first + n], expected, sub_scale)
     return computed, covered
 
