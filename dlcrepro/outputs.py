@@ -86,8 +86,8 @@ FIGURES = (
     figure(
         "mismatch",
         "Mean absolute numerical discrepancy δ (left) and policy lag λ (right) per step and sampler, in nats per "
-        "token, averaged over the sampler's distinct runs that finished (a copied cell once), with the 95 % bootstrap "
-        "interval of that mean (resampling runs) as a band; a run that diverged ends in a cross and stays out of the "
+        "token, averaged over the sampler's distinct runs that finished (a copied cell once), with the 95 % t-interval "
+        "of that mean over runs as a band; a run that diverged ends in a cross and stays out of the "
         "mean and the axis limits: δ is the engine's rounding and stays roughly flat; λ grows while a stale sampler "
         "is not synced.",
     ),
@@ -136,12 +136,13 @@ FIGURES = (
     figure(
         "findings",
         "The paper's fifteen findings against this study, from the findings table (paper_tables/findings.csv): per "
-        "finding the paper's value, each replicate's headline number on a green ground where the finding's rule "
-        "holds and a red one where it fails, and the verdict (seen: holds in every replicate; an agreement only with "
-        "its whole interval inside the stated margin; seen on one machine: on one kind of CPU and not another). "
-        "Beside it the noise-floor multiples on one log axis: each replicate's mean with its 95 % bootstrap interval "
+        "finding the paper's value, each replicate's headline number on a green ground where it is seen, red where "
+        "contradicted, yellow where undecided (its interval straddles the rule), and the verdict (seen: seen in every "
+        "replicate; an agreement only with its whole interval inside the stated margin; seen on one machine: on one "
+        "kind of CPU and not another). Beside it the noise-floor multiples on one log axis: each replicate's mean "
+        "with its 95 % t-interval over seeds "
         "against the paper's value (a red diamond). The title names the commit of the rules and the CPU kind that "
-        "computed them (docs/method.md#findings-and-replicates).",
+        "computed them (docs/method.md#three-verdicts).",
         reads="findings",
     ),
 )

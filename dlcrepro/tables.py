@@ -13,6 +13,7 @@ import pandas as pd
 from . import analysis as A
 from . import outputs
 from .findings import across_machines, findings_table, replicates_not_run
+from .intervals import apart
 from .util import DamagedFileError, atomic_write_text
 
 # PAPER.md's numbers by cell. The paper does not say which model F3–F7 and F10 refer to, so they
@@ -51,10 +52,12 @@ def _mean_sd(mean, sd, digits=3):
     return f"{_fmt(mean, digits)} ± {_fmt(sd, 2)}" if not (isinstance(sd, float) and math.isnan(sd)) else _fmt(mean, digits)
 
 
-def _ci_text(mean, lo, hi, digits=3):
+def _ci_text(mean, lo, hi, margins=()):
+    """"1.21 [0.719, 2.005]": a mean and its interval to 3 significant digits, more where fewer would
+    print an end on or across one of `margins` (intervals.apart); "n/a" without a mean."""
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return "n/a"
-    return f"{_fmt(mean, digits)} [{_fmt(lo, 2)}, {_fmt(hi, 2)}]"
+    return f"{apart(mean, margins)} [{apart(lo, margins)}, {apart(hi, margins)}]"
 
 
 DIVERGED_MARK = "†"  # beside a number that stops at a run's divergence (docs/method.md#diverged-runs)
@@ -65,25 +68,29 @@ def _marked(text: str, diverged: str) -> str:
     return text if diverged in ("none", "") or text == "n/a" else f"{text} {DIVERGED_MARK}"
 
 
-def noise_floor_table(steps: pd.DataFrame, pr: pd.DataFrame, n_boot: int = 1000) -> pd.DataFrame:
-    """Per cell: the mean over runs of M with its two-level bootstrap interval (runs, probe steps); a
-    cell with a diverged run is marked † (its M stops at the divergence) and names the runs and steps."""
-    b = A.multiple_bootstrap(steps, n_boot)
-    s = b.merge(A.cell_stats(pr, "noise_floor_multiple")[A.CELL + ["n_valid"]], on=A.CELL, how="left")
+M_MARGINS = (1.0, A.LEAVE_FLOOR_RATIO)  # the floor and "left the floor": an M interval's ends print on their side of both
+
+
+def noise_floor_table(steps: pd.DataFrame, pr: pd.DataFrame) -> pd.DataFrame:
+    """Per cell: the mean over runs of M with its 95 % t-interval over runs (analysis.multiple_interval),
+    the runs with a multiple among all the cell's runs, the probe steps that entered; a cell with a
+    diverged run is marked † (its M stops at the divergence) and names the runs and steps."""
+    s = A.multiple_interval(steps, pr)
     s = s.merge(diverged_runs(pr), on=A.CELL, how="left").fillna({"diverged": "none"})
-    s["M (mean [95 % CI])"] = [_marked(_ci_text(m, lo, hi), d) for m, lo, hi, d in zip(s["mean"], s["ci_low"], s["ci_high"], s["diverged"])]
+    s["M (mean [95 % CI])"] = [_marked(_ci_text(m, lo, hi, M_MARGINS), d)
+                               for m, lo, hi, d in zip(s["mean"], s["ci_low"], s["ci_high"], s["diverged"])]
     s["runs with a multiple"] = [f"{v}/{n}" for v, n in zip(s["n_valid"], s["n_runs"])]
     s["paper"] = [PAPER_MULTIPLE.get((a, b), "") for a, b in zip(s["sampler"], s["correction"])]
     return s[A.CELL + ["M (mean [95 % CI])", "runs with a multiple", "probe_steps", "diverged", "paper", "mean", "ci_low", "ci_high"]]
 
 
-def accuracy_table(pr: pd.DataFrame, n_boot: int = 1000, name: str = "test accuracy", heldout: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per cell: θ_0's and the final accuracy `name` measures (mean [95 % CI] over runs), the rise
+def accuracy_table(pr: pd.DataFrame, name: str = "test accuracy", heldout: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per cell: θ_0's and the final accuracy `name` measures (mean [95 % t-interval] over runs), the rise
     between them, each seed's final (a diverged run: 0, with its step), and beside them the held-out
     accuracy (greedy) at θ_0 and at the end where it was measured beside a pool accuracy
     (`heldout`: analysis.final_heldout)."""
     pr = pr.assign(rise=pr["final_test_accuracy"] - pr["initial_test_accuracy"])
-    fin, start, rise = (A.mean_bootstrap(pr, c, n_boot) for c in ("final_test_accuracy", "initial_test_accuracy", "rise"))
+    fin, start, rise = (A.mean_interval(pr, c) for c in ("final_test_accuracy", "initial_test_accuracy", "rise"))
     s = fin.merge(start, on=A.CELL, suffixes=("", "_start")).merge(rise, on=A.CELL, suffixes=("", "_rise"))
     s[f"{name} at step 0"] = [_fmt(m) for m in s["mean_start"]]
     s[f"{name}, final (mean [95 % CI])"] = [_ci_text(m, lo, hi) for m, lo, hi in zip(s["mean"], s["ci_low"], s["ci_high"])]
@@ -94,7 +101,7 @@ def accuracy_table(pr: pd.DataFrame, n_boot: int = 1000, name: str = "test accur
     s = s.merge(per_seed.reset_index(), on=A.CELL, how="left")
     shown = [f"{name} at step 0", f"{name}, final (mean [95 % CI])", "rise (mean [95 % CI])", "final per seed"]
     if heldout is not None and heldout["final_heldout"].notna().any():
-        h0, h1 = (A.mean_bootstrap(heldout.rename(columns={c: "x"}), "x", n_boot) for c in ("initial_heldout", "final_heldout"))
+        h0, h1 = (A.mean_interval(heldout.rename(columns={c: "x"}), "x") for c in ("initial_heldout", "final_heldout"))
         s[f"{A.HELDOUT_GREEDY} at step 0"] = s[A.CELL].merge(h0, on=A.CELL, how="left")["mean"].map(_fmt).to_numpy()
         h1 = s[A.CELL].merge(h1, on=A.CELL, how="left")
         s[f"{A.HELDOUT_GREEDY}, final (mean [95 % CI])"] = [_ci_text(m, lo, hi) for m, lo, hi in zip(h1["mean"], h1["ci_low"], h1["ci_high"])]
@@ -144,7 +151,7 @@ def off_support_table(drops: pd.DataFrame) -> pd.DataFrame:
     return t.rename(columns=OFF_SUPPORT_HEADERS)
 
 
-def zoo_table(steps: pd.DataFrame, pr: pd.DataFrame, n_boot: int = 1000, name: str = "test accuracy") -> pd.DataFrame:
+def zoo_table(steps: pd.DataFrame, pr: pd.DataFrame, name: str = "test accuracy") -> pd.DataFrame:
     """Per model × sampler, the grid's corrections ranked by M (lowest first: closest to on-policy
     training), beside their final accuracy (`name`) and its rank (highest first), and what each
     correction did to its tokens: the mean over steps of its truncated and dropped token shares, and
@@ -152,8 +159,8 @@ def zoo_table(steps: pd.DataFrame, pr: pd.DataFrame, n_boot: int = 1000, name: s
     them). Both ranks are over the cells whose runs all finished; a cell with a diverged run has no
     rank ("—"), is listed after them and named with its runs and steps in `diverged` (its M stops at
     the divergence, so ranking it beside full runs would compare a truncated measure)."""
-    m = noise_floor_table(steps, pr, n_boot)
-    acc = accuracy_table(pr, n_boot, name)
+    m = noise_floor_table(steps, pr)
+    acc = accuracy_table(pr, name)
     final = f"{name}, final (mean [95 % CI])"
     t = m[A.CELL + ["M (mean [95 % CI])", "mean", "ci_low", "ci_high"]].merge(
         acc[A.CELL + [final, "mean"]].rename(columns={"mean": "accuracy_mean"}), on=A.CELL, how="outer")
@@ -306,7 +313,8 @@ def csv_only(df: pd.DataFrame) -> list[str]:
     numeric = ("mean", "sd", "ci_low", "ci_high", "unit", "paper value")
     said_in_caption = ("machine", "rules")  # the findings caption names them (one value per table)
     nothing_compared = "other machines" in df.columns and (df["other machines"] == "none compared").all()
-    return [c for c in df.columns if c in numeric + said_in_caption or (c.startswith("seeds ") and c.endswith((" value", " low", " high")))
+    per_replicate = (" value", " low", " high", " seeds needed")
+    return [c for c in df.columns if c in numeric + said_in_caption or (c.startswith("seeds ") and c.endswith(per_replicate))
             or (c == "other machines" and nothing_compared)]
 
 
@@ -365,26 +373,53 @@ DIVERGED = ("† a run that diverged: an update left its update direction or wei
             "10-fold with the engine's sync check then failing (docs/method.md#diverged-runs); its final accuracy counts as 0 and "
             "its M is over its probe steps before the divergence.")
 CAPTIONS = {
-    "noise_floor": "Deviation from on-policy training in multiples of the noise floor: per run M = sum dev / sum floor over its probe steps; "
-                   "per cell the mean over runs with a 95 % bootstrap interval (resampling runs, and probe steps within each run). " + DIVERGED,
-    "accuracy": "{measure}: of θ_0 and at the last step, and the rise between them, mean [95 % bootstrap interval over runs]; beside it, "
-                "where measured, the held-out accuracy (greedy) of the same runs. " + DIVERGED,
-    "ess_crossing": "First step with lag ESS < 1/2 (empirical, on the fresh batch), the step the Gaussian prediction exp(-Var lag) crosses, "
-                    "and the step `is` leaves the floor (3-step moving average of dev/floor > 2). " + DIVERGED,
-    "resync": "Steps at which each run with resync resynchronized its sampler. " + DIVERGED,
-    "off_support": "Off-support share (tokens of the trainer's own responses with probability < 1e-3 under the initial policy) before / at "
-                   "collapse points (accuracy drop >= half the bf16/pg reference), beside the sampler-side KL. Copied cells (computed_as) "
-                   "count once; a diverged run counts with its eval steps before the divergence.",
-    "spearman": "Spearman correlation with the accuracy drop over (run, eval step) pairs of non-reference runs, copied cells counted once, "
-                "a diverged run with its eval steps before the divergence; 95 % bootstrap intervals resample runs.",
-    "probe_density": "How the cells' M intervals narrow with probe steps: the same runs with only every k-th probe step kept (probes never change a run).",
-    "zoo": "The grid's corrections ranked per sampler by the noise-floor multiple M (mean over runs [95 % bootstrap interval]; rank 1 = "
-           "closest to on-policy training), beside the final {measure} (mean [95 % CI]) and its rank, the mean share of tokens each "
-           "correction truncated or dropped and its largest token weight. Ranks are over the cells whose runs all finished; a cell with a "
-           "diverged run is listed after them without a rank (—). " + DIVERGED,
-    "findings": "Findings of the paper, each checked by the stated rule in each replicate (a group of seeds): seen = holds in every replicate; "
-                "an agreement holds only with its whole interval inside the stated margin; seen on one machine = seen on one kind of CPU "
-                "and not on another (docs/method.md#findings-and-replicates). Rules of commit {rules}; computed on {machine}.",
+    "noise_floor": (
+        "Deviation from on-policy training in multiples of the noise floor: per run M = sum dev / sum floor over its "
+        "probe steps; per cell the mean over runs with its 95 % t-interval over runs (df = runs − 1, "
+        "docs/method.md#intervals-over-seeds). " + DIVERGED
+    ),
+    "accuracy": (
+        "{measure}: of θ_0 and at the last step, and the rise between them, mean [95 % t-interval over runs (df = "
+        "runs − 1, docs/method.md#intervals-over-seeds)]; beside it, where measured, the held-out accuracy (greedy) "
+        "of the same runs. " + DIVERGED
+    ),
+    "ess_crossing": (
+        "First step with lag ESS < 1/2 (empirical, on the fresh batch), the step the Gaussian prediction exp(-Var "
+        "lag) crosses, and the step `is` leaves the floor (3-step moving average of dev/floor > 2). " + DIVERGED
+    ),
+    "resync": (
+        "Steps at which each run with resync resynchronized its sampler. " + DIVERGED
+    ),
+    "off_support": (
+        "Off-support share (tokens of the trainer's own responses with probability < 1e-3 under the initial policy) "
+        "before / at collapse points (accuracy drop >= half the bf16/pg reference), beside the sampler-side KL. "
+        "Copied cells (computed_as) count once; a diverged run counts with its eval steps before the divergence."
+    ),
+    "spearman": (
+        "Spearman correlation with the accuracy drop over (run, eval step) pairs of non-reference runs, copied cells "
+        "counted once, a diverged run with its eval steps before the divergence; 95 % percentile-bootstrap intervals "
+        "resample runs (1,000 resamples)."
+    ),
+    "probe_density": (
+        "How the cells' M t-intervals over runs narrow with probe steps: the same runs with only every k-th probe "
+        "step kept (probes never change a run)."
+    ),
+    "zoo": (
+        "The grid's corrections ranked per sampler by the noise-floor multiple M (mean over runs [95 % t-interval "
+        "over runs (df = runs − 1, docs/method.md#intervals-over-seeds)]; rank 1 = closest to on-policy training), "
+        "beside the final {measure} (mean [95 % t-interval]) and its rank, the mean share of tokens each correction "
+        "truncated or dropped and its largest token weight. Ranks are over the cells whose runs all finished; a cell "
+        "with a diverged run is listed after them without a rank (—). " + DIVERGED
+    ),
+    "findings": (
+        "Findings of the paper, each checked by the stated rule in each replicate (a group of seeds): ✓ seen = the "
+        "whole 95 % t-interval over seeds on the paper's side, ✗ contradicted = on the other side, ? undecided = it "
+        "straddles the bound (seeds to decide: how many seeds would decide it at the observed spread); a rule over "
+        "every run is seen where each run holds; an agreement is seen only with its whole interval inside the stated "
+        "margin; the verdict: seen or contradicted in every replicate, not replicated (seen in one, contradicted in "
+        "another), else undecided; seen on one machine = seen on one kind of CPU and not on another "
+        "(docs/method.md#three-verdicts). Rules of commit {rules}; computed on {machine}."
+    ),
 }
 
 
@@ -403,15 +438,15 @@ def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 
     distinct_steps = A.distinct_runs(steps, runs)
     name = A.accuracy_names(steps, runs)
     t = {
-        "noise_floor": noise_floor_table(steps, pr, n_boot),
-        "accuracy": accuracy_table(pr, n_boot, name, A.final_heldout(steps, pr)),
+        "noise_floor": noise_floor_table(steps, pr),
+        "accuracy": accuracy_table(pr, name, A.final_heldout(steps, pr)),
         "ess_crossing": absent(ess_crossing_table(pr), "no `is` run under a lagged sampler (stale, fp8_stale)"),
         "resync": absent(resync_table(pr), "no run of a correction with resync (dlc, is_resync)"),
         "off_support": absent(off_support_table(drops), "no accuracy drops: they need the bf16/pg reference and another cell"),
         "spearman": absent(spearman_out(distinct_steps, drops, n_boot), "no accuracy drops: they need the bf16/pg reference and another cell"),
-        "probe_density": A.interval_width_by_probe_density(steps, n_boot=n_boot),
+        "probe_density": A.interval_width_by_probe_density(steps),
         "findings": across_machines(findings_table(steps, runs, replicates, n_boot), other_machines or []),
-        "zoo": zoo_table(steps, pr, n_boot, name),
+        "zoo": zoo_table(steps, pr, name),
     }
     listed = [o.name for o in outputs.TABLES]  # the one list of outputs: what the workflow expects written
     if set(t) != set(listed):
