@@ -508,6 +508,41 @@ def replicate_columns(table: pd.DataFrame) -> list[str]:
     return [c for c in table.columns if c.startswith("seeds ") and not c.endswith(tuple(f" {k}" for k in NUMBERS))]
 
 
+# ----------------------------------------------------------------------------- what the findings read
+# The tables job writes these two tables beside findings.csv and computes the findings from them as
+# written, so findings.csv is a function of committed files (`python -m dlcrepro findings --from DIR`).
+
+FINDINGS_STEP_COLUMNS = ("step", "dev", "floor", "ess_lag", "ess_lag_presync", "ess_lag_gauss", "test_accuracy", "off_support",
+                         "kl_sampler", "resync", "discrepancy_mean_abs", "lag_mean_abs")
+FINDINGS_RUN_COLUMNS = ("final_test_accuracy", "initial_test_accuracy", "resync_steps", "diverged_at_step", "computed_as")
+
+
+def findings_input(steps: pd.DataFrame, runs: pd.DataFrame, replicates: list[list[int]] | None = None,
+                   machine: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The columns the rules read and nothing else: per run and step (RUN, FINDINGS_STEP_COLUMNS), and
+    per run (RUN, FINDINGS_RUN_COLUMNS) with the seed groups checked apart (`replicates`, "0,1,2 3,4,5",
+    the same on every row: a group none of whose seeds ran is kept) and the CPU kind that ran them
+    (`machine`). Sorted by run and step, so the same runs give the same tables."""
+    replicates = replicates or [sorted(int(s) for s in runs["seed"].unique())]
+    s = steps[A.RUN + [c for c in FINDINGS_STEP_COLUMNS if c in steps]].sort_values(A.RUN + ["step"])
+    r = runs[A.RUN + [c for c in FINDINGS_RUN_COLUMNS if c in runs]].sort_values(A.RUN)
+    r = r.assign(machine=machine or cpu_kind(), replicates=" ".join(",".join(map(str, g)) for g in replicates))
+    return s.reset_index(drop=True), r.reset_index(drop=True)
+
+
+def findings_from_input(steps: pd.DataFrame, runs: pd.DataFrame, n_boot: int = 1000) -> pd.DataFrame:
+    """`findings_table` of the tables `findings_input` made (as read back from their files), under
+    the replicates and CPU kind they record. `dev_ratio` (dev/floor, read only by the leave-floor step,
+    which no rule reads) is recomputed, not stored."""
+    replicates = [[int(x) for x in g.split(",")] for g in str(runs["replicates"].iloc[0]).split()]
+    machine = str(runs["machine"].iloc[0])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        steps = steps.assign(dev_ratio=steps["dev"] / steps["floor"].where(steps["floor"] > 0))
+    runs = runs.drop(columns=["machine", "replicates"]).assign(computed_as=runs.get("computed_as", pd.Series("", index=runs.index))
+                                                               .fillna(""))
+    return findings_table(steps, runs, replicates, n_boot, machine)
+
+
 # ----------------------------------------------------------------------------- across machines
 
 SEEN_ON_ONE_MACHINE = "seen on one machine"

@@ -12,6 +12,7 @@ TABLES.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 # A kind of output: the formats each is written in, the one the report shows, the report's category.
 FORMATS = {"table": ("tex", "md", "csv"), "figure": ("pdf", "png")}
@@ -80,6 +81,26 @@ TABLES = (
     table("findings"),
     table("zoo"),
 )
+
+# What the findings read, written by the tables job beside the tables (tables.write_findings_input):
+# per run and step, and per run. findings.csv is computed from them as written, so
+# `python -m dlcrepro findings --from <tables_dir>` rebuilds it from these files alone.
+FINDINGS_INPUT = ("findings_steps.csv", "findings_runs.csv")
+
+
+def findings_input_files(directory) -> list[str]:
+    """The findings input's files in `directory` (the tables job's outputs beside TABLES')."""
+    return [f"{directory}/{name}" for name in FINDINGS_INPUT]
+
+
+def other_machine_files(tables_dir) -> list[str]:
+    """What other kinds of CPU give for the same grid, committed under <tables_dir>/other_machines/
+    (docs/method.md#across-machines): findings tables (`*.csv`), or a study's findings input in a
+    folder of its own (`<name>/findings_steps.csv`, `<name>/findings_runs.csv`: recomputed under the
+    current rules). Read by the tables job and by `findings --from`."""
+    d = Path(tables_dir) / "other_machines"
+    return sorted(str(p) for p in d.glob("*.csv")) + sorted(str(p) for name in FINDINGS_INPUT for p in d.glob(f"*/{name}"))
+
 
 # In the order figures.write_all draws them.
 FIGURES = (

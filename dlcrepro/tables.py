@@ -12,7 +12,7 @@ import pandas as pd
 
 from . import analysis as A
 from . import outputs
-from .findings import across_machines, findings_table, replicates_not_run
+from .findings import across_machines, findings_from_input, findings_input, replicates_not_run
 from .intervals import apart
 from .util import DamagedFileError, atomic_write_text
 
@@ -429,10 +429,14 @@ def absent(df: pd.DataFrame, why: str) -> pd.DataFrame:
 
 
 def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 1000, replicates: list[list[int]] | None = None,
-              other_machines: list[pd.DataFrame] | None = None) -> dict[str, pd.DataFrame]:
-    """Every table outputs.TABLES lists into `out`, in its order; `other_machines`: findings tables of the same grid from other CPU
-    kinds, whose verdicts turn a finding seen on one kind only into "seen on one machine"."""
+              other_machines: list[pd.DataFrame] | None = None, machine: str | None = None) -> dict[str, pd.DataFrame]:
+    """Every table outputs.TABLES lists into `out`, in its order, and the findings input
+    (outputs.FINDINGS_INPUT) the findings table is computed from as written (`findings_from`), so that
+    `python -m dlcrepro findings --from out` rebuilds it; `other_machines`: findings tables of the same
+    grid from other CPU kinds, whose verdicts turn a finding seen on one kind only into "seen on one
+    machine"; `machine`: the CPU kind that ran these runs (findings.cpu_kind() by default)."""
     out = Path(out)
+    write_findings_input(out, *findings_input(steps, runs, replicates, machine))
     pr = A.per_run(steps, runs)
     drops = A.distinct_runs(A.accuracy_drops(steps), runs)
     distinct_steps = A.distinct_runs(steps, runs)
@@ -445,7 +449,7 @@ def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 
         "off_support": absent(off_support_table(drops), "no accuracy drops: they need the bf16/pg reference and another cell"),
         "spearman": absent(spearman_out(distinct_steps, drops, n_boot), "no accuracy drops: they need the bf16/pg reference and another cell"),
         "probe_density": A.interval_width_by_probe_density(steps),
-        "findings": across_machines(findings_table(steps, runs, replicates, n_boot), other_machines or []),
+        "findings": findings_from(out, other_machines or [], n_boot),
         "zoo": zoo_table(steps, pr, name),
     }
     listed = [o.name for o in outputs.TABLES]  # the one list of outputs: what the workflow expects written
@@ -455,6 +459,49 @@ def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 
     for name in listed:
         write_table(t[name], out, name, caption(name, t[name]).replace("{measure}", A.eval_measure(steps, runs)))
     return {name: t[name] for name in listed}
+
+
+# ----------------------------------------------------------------------------- what the findings read
+
+FLOAT_FORMAT = "%.10g"  # the findings input's numbers: 10 significant digits (a quarter smaller than Python's repr)
+
+
+def write_findings_input(out: Path, steps: pd.DataFrame, runs: pd.DataFrame) -> None:
+    """The findings input (findings.findings_input's two tables) as outputs.FINDINGS_INPUT in `out`."""
+    for name, df in zip(outputs.FINDINGS_INPUT, (steps, runs)):
+        atomic_write_text(Path(out) / name, df.to_csv(index=False, float_format=FLOAT_FORMAT))
+
+
+def read_findings_input(directory: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The findings input a tables job wrote into `directory`: (per run and step, per run)."""
+    paths = [Path(directory) / name for name in outputs.FINDINGS_INPUT]
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"no findings input {', '.join(missing)}: the tables job writes it (`python -m dlcrepro tables`); "
+                                "a study's tables from before it have none")
+    steps, runs = (pd.read_csv(p) for p in paths)
+    return steps, runs
+
+
+def findings_from(directory: Path, other_machines: list[pd.DataFrame], n_boot: int = 1000) -> pd.DataFrame:
+    """The findings table computed from the findings input in `directory` alone, beside what other
+    CPU kinds gave (findings.across_machines): what the tables job writes as findings.csv, and what
+    `python -m dlcrepro findings --from directory` rebuilds."""
+    return across_machines(findings_from_input(*read_findings_input(directory), n_boot), other_machines)
+
+
+def other_machine_findings(paths, n_boot: int = 1000) -> list[pd.DataFrame]:
+    """The findings tables of other CPU kinds from `paths` (outputs.other_machine_files): a findings
+    table as it is, a findings input (its findings_steps.csv or findings_runs.csv) recomputed under
+    the current rules, once per folder."""
+    tables, folders = [], []
+    for p in map(Path, paths):
+        if p.name in outputs.FINDINGS_INPUT:
+            if p.parent not in folders:
+                folders.append(p.parent)
+        else:
+            tables.append(pd.read_csv(p))
+    return tables + [findings_from_input(*read_findings_input(d), n_boot) for d in folders]
 
 
 def caption(name: str, df: pd.DataFrame) -> str:

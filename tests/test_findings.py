@@ -27,7 +27,7 @@ def study(cells: dict[tuple[str, str], dict], seeds=(0, 1, 2)) -> tuple[pd.DataF
             steps.append(pd.DataFrame(dict(model="m", sampler=sampler, correction=correction, seed=k, step=[1, 2, 3, 4],
                                            dev=[dev] * 4, floor=[1.0] * 4, dev_ratio=[dev] * 4, ess_lag=1.0, ess_lag_presync=NAN,
                                            ess_lag_gauss=1.0, test_accuracy=[NAN, 0.3, NAN, final], off_support=0.0,
-                                           kl_sampler=0.0, resync=0)))
+                                           kl_sampler=0.0, resync=0, discrepancy_mean_abs=0.02, lag_mean_abs=[0.1, 0.2, 0.3, 0.4])))
             runs.append(dict(model="m", sampler=sampler, correction=correction, seed=k, final_test_accuracy=final,
                              initial_test_accuracy=0.25, resync_steps=json.dumps([]), computed_as="",
                              diverged_at_step=spec.get("diverged", [NAN] * len(seeds))[i]))
@@ -170,3 +170,39 @@ def test_the_rules_commit_is_the_one_whose_message_says_so():
     assert show.stdout.startswith("Rules for the rerun:")
     files = subprocess.run(["git", "show", "--name-only", "--format=", F.RULES_COMMIT], cwd=ROOT, capture_output=True, text=True).stdout
     assert "dlcrepro/findings.py" in files.split()
+
+
+def test_one_command_rebuilds_findings_csv_from_the_findings_input_alone(tmp_path):
+    """The tables job writes what the findings read (findings_steps.csv, findings_runs.csv) and
+    computes findings.csv from it as written; `python -m dlcrepro findings --from DIR` on a folder
+    holding only those two files (and another machine's input under other_machines/) rebuilds
+    findings.csv and findings.md byte for byte."""
+    import shutil
+
+    from dlcrepro import cli, outputs
+    from dlcrepro import tables as T
+
+    seeds, reps = (0, 1, 2, 3, 4, 5), [[0, 1, 2], [3, 4, 5]]
+    cells = {("bf16", "pg"): {"final": [0.40, 0.50, 0.45, 0.47, 0.44, 0.52]}, ("fp8", "pg"): {"dev": [3.0, 2.5, 3.5, 2.9, 3.1, 2.7]},
+             ("fp8", "center"): {"dev": [1.0, 1.2, 0.9, 1.1, 1.0, 1.3], "final": [0.41, 0.49, 0.46, 0.46, 0.45, 0.50]},
+             ("stale", "is"): {"dev": [9.0, 30.0, 12.0, 8.0, 11.0, 20.0], "final": [0.1, 0.2, 0.0, 0.1, 0.0, 0.1]},
+             ("stale", "dlc"): {"dev": [1.2, 1.3, 1.1, 1.1, 1.2, 1.3]}}
+    steps, runs = study(cells, seeds)
+    tables = tmp_path / "tables"
+    other = tables / "other_machines" / "avx2"  # the same grid on another CPU kind: F8 straddles 2 there
+    other.mkdir(parents=True)
+    elsewhere = study({**cells, ("stale", "dlc"): {"dev": [1.2, 3.5, 1.1, 1.1, 1.2, 1.3]}}, seeds)
+    T.write_findings_input(other, *F.findings_input(*elsewhere, reps, "x86-64 AVX2"))
+    others = T.other_machine_findings(outputs.other_machine_files(tables), n_boot=100)
+    T.write_all(steps, runs, tables, n_boot=100, replicates=reps, other_machines=others, machine="x86-64 AVX-512")
+    written = pd.read_csv(tables / "findings.csv").set_index("finding")
+    assert written.loc["F8", "seen"] == F.SEEN_ON_ONE_MACHINE and "x86-64 AVX2: undecided" in written.loc["F8", "other machines"]
+
+    repo = tmp_path / "clone"
+    (repo / "other_machines").mkdir(parents=True)
+    for name in outputs.FINDINGS_INPUT:
+        shutil.copy(tables / name, repo / name)
+    shutil.copytree(other, repo / "other_machines" / "avx2")
+    assert cli.main(["findings", "--from", str(repo), "--n-boot", "100"]) == 0
+    for name in ("findings.csv", "findings.md"):
+        assert (repo / name).read_bytes() == (tables / name).read_bytes(), name
