@@ -538,8 +538,8 @@ def findings_from_input(steps: pd.DataFrame, runs: pd.DataFrame, n_boot: int = 1
     machine = str(runs["machine"].iloc[0])
     with np.errstate(divide="ignore", invalid="ignore"):
         steps = steps.assign(dev_ratio=steps["dev"] / steps["floor"].where(steps["floor"] > 0))
-    runs = runs.drop(columns=["machine", "replicates"]).assign(computed_as=runs.get("computed_as", pd.Series("", index=runs.index))
-                                                               .fillna(""))
+    copied = runs["computed_as"].fillna("") if "computed_as" in runs else ""  # a blank cell reads back as NaN
+    runs = runs.drop(columns=["machine", "replicates"]).assign(computed_as=copied)
     return findings_table(steps, runs, replicates, n_boot, machine)
 
 

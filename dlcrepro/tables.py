@@ -477,8 +477,8 @@ def read_findings_input(directory: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     paths = [Path(directory) / name for name in outputs.FINDINGS_INPUT]
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
-        raise FileNotFoundError(f"no findings input {', '.join(missing)}: the tables job writes it (`python -m dlcrepro tables`); "
-                                "a study's tables from before it have none")
+        raise FileNotFoundError(f"no findings input {', '.join(missing)}: the tables job writes it (`python -m dlcrepro "
+                                "tables`); a study's tables from before it have none")
     steps, runs = (pd.read_csv(p) for p in paths)
     return steps, runs
 

@@ -27,7 +27,8 @@ def study(cells: dict[tuple[str, str], dict], seeds=(0, 1, 2)) -> tuple[pd.DataF
             steps.append(pd.DataFrame(dict(model="m", sampler=sampler, correction=correction, seed=k, step=[1, 2, 3, 4],
                                            dev=[dev] * 4, floor=[1.0] * 4, dev_ratio=[dev] * 4, ess_lag=1.0, ess_lag_presync=NAN,
                                            ess_lag_gauss=1.0, test_accuracy=[NAN, 0.3, NAN, final], off_support=0.0,
-                                           kl_sampler=0.0, resync=0, discrepancy_mean_abs=0.02, lag_mean_abs=[0.1, 0.2, 0.3, 0.4])))
+                                           kl_sampler=0.0, resync=0, discrepancy_mean_abs=0.02,
+                                           lag_mean_abs=[0.1, 0.2, 0.3, 0.4])))
             runs.append(dict(model="m", sampler=sampler, correction=correction, seed=k, final_test_accuracy=final,
                              initial_test_accuracy=0.25, resync_steps=json.dumps([]), computed_as="",
                              diverged_at_step=spec.get("diverged", [NAN] * len(seeds))[i]))
@@ -183,7 +184,8 @@ def test_one_command_rebuilds_findings_csv_from_the_findings_input_alone(tmp_pat
     from dlcrepro import tables as T
 
     seeds, reps = (0, 1, 2, 3, 4, 5), [[0, 1, 2], [3, 4, 5]]
-    cells = {("bf16", "pg"): {"final": [0.40, 0.50, 0.45, 0.47, 0.44, 0.52]}, ("fp8", "pg"): {"dev": [3.0, 2.5, 3.5, 2.9, 3.1, 2.7]},
+    cells = {("bf16", "pg"): {"final": [0.40, 0.50, 0.45, 0.47, 0.44, 0.52]},
+             ("fp8", "pg"): {"dev": [3.0, 2.5, 3.5, 2.9, 3.1, 2.7]},
              ("fp8", "center"): {"dev": [1.0, 1.2, 0.9, 1.1, 1.0, 1.3], "final": [0.41, 0.49, 0.46, 0.46, 0.45, 0.50]},
              ("stale", "is"): {"dev": [9.0, 30.0, 12.0, 8.0, 11.0, 20.0], "final": [0.1, 0.2, 0.0, 0.1, 0.0, 0.1]},
              ("stale", "dlc"): {"dev": [1.2, 1.3, 1.1, 1.1, 1.2, 1.3]}}
