@@ -41,7 +41,10 @@ F8_MARGIN_MULTIPLE = 2.0
 # batch: with one, `ppo` is `pg` bit for bit (grid.SAME_AS), and F7 would report pg's multiple.
 PAPER_PPO = "ppo_multi"
 # The commit whose message starts "Rules for the rerun:": the rules below as they were fixed before
-# the tiny study was rerun. Filled in by the commit after it; the findings table cites it.
+# the tiny study is rerun. Filled in by the commit after it; the findings table cites it. The first
+# such commit was 69b9542 (equivalence margins for F4 and F8, F7 on ppo_multi, verdicts across CPU
+# kinds); the second, of issue #55, set t-intervals over seeds, paired differences for orderings and
+# three verdicts (docs/method.md#rules-and-which-numbers-were-known-when).
 RULES_COMMIT = "69b9542"
 
 SEEN, CONTRADICTED, UNDECIDED = I.SEEN, I.CONTRADICTED, I.UNDECIDED
