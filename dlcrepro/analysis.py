@@ -369,14 +369,15 @@ def mean_interval(per_run_df: pd.DataFrame, col: str) -> pd.DataFrame:
 def multiple_interval(steps: pd.DataFrame, per_run_df: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per cell: the mean over runs of M = Σ dev / Σ floor and its 95 % t-interval over runs
     (`mean_interval` of each run's M: a run's M already carries its probe steps' noise, so the spread
-    of the runs' M is the whole spread), and `probe_steps`, the probe steps (floor > 0) that entered.
+    of the runs' M is the whole spread), `probe_steps`, the probe steps (floor > 0) that entered, and
+    `probed_steps`, the steps probed (a floor measured; fewer enter where a run collapsed: floor 0).
     `per_run_df` (per_run's table) gives every run of the cell, those without a multiple among them;
     by default the runs with a row in `steps`."""
     pr = per_run_df if per_run_df is not None else noise_floor_multiple(steps)
     out = mean_interval(pr, "noise_floor_multiple")
-    probes = steps.loc[steps["floor"] > 0].groupby(CELL).size().rename("probe_steps").reset_index()
-    out = out.merge(probes, on=CELL, how="left")
-    out["probe_steps"] = out["probe_steps"].fillna(0).astype(int)
+    for col, rows in (("probe_steps", steps["floor"] > 0), ("probed_steps", steps["floor"].notna())):
+        out = out.merge(steps.loc[rows].groupby(CELL).size().rename(col).reset_index(), on=CELL, how="left")
+        out[col] = out[col].fillna(0).astype(int)
     return out
 
 

@@ -81,7 +81,8 @@ def noise_floor_table(steps: pd.DataFrame, pr: pd.DataFrame) -> pd.DataFrame:
                                for m, lo, hi, d in zip(s["mean"], s["ci_low"], s["ci_high"], s["diverged"])]
     s["runs with a multiple"] = [f"{v}/{n}" for v, n in zip(s["n_valid"], s["n_runs"])]
     s["paper"] = [PAPER_MULTIPLE.get((a, b), "") for a, b in zip(s["sampler"], s["correction"])]
-    return s[A.CELL + ["M (mean [95 % CI])", "runs with a multiple", "probe_steps", "diverged", "paper", "mean", "ci_low", "ci_high"]]
+    return s[A.CELL + ["M (mean [95 % CI])", "runs with a multiple", "probe_steps", "probed_steps", "diverged", "paper", "mean", "ci_low",
+                       "ci_high"]]
 
 
 def accuracy_table(pr: pd.DataFrame, name: str = "test accuracy", heldout: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -156,13 +157,16 @@ def zoo_table(steps: pd.DataFrame, pr: pd.DataFrame, name: str = "test accuracy"
     training), beside their final accuracy (`name`) and its rank (highest first), and what each
     correction did to its tokens: the mean over steps of its truncated and dropped token shares, and
     its largest token weight over the runs (`corr_*` metrics columns; n/a for runs written before
-    them). Both ranks are over the cells whose runs all finished; a cell with a diverged run has no
-    rank ("—"), is listed after them and named with its runs and steps in `diverged` (its M stops at
-    the divergence, so ranking it beside full runs would compare a truncated measure)."""
+    them). The rank by M is over the cells whose runs all finished with every probe step in M; a
+    cell with a diverged run, or with probe steps left out of M (a run that collapsed: floor 0 from
+    then on), has no rank ("—") and is listed after them, its probe steps in M beside the probed ones
+    (`probe steps in M`): ranking a truncated M beside full runs would compare different measures.
+    Equal means share a rank (a copied cell and its source). The rank by accuracy is over the cells
+    whose runs all finished."""
     m = noise_floor_table(steps, pr)
     acc = accuracy_table(pr, name)
     final = f"{name}, final (mean [95 % CI])"
-    t = m[A.CELL + ["M (mean [95 % CI])", "mean", "ci_low", "ci_high"]].merge(
+    t = m[A.CELL + ["M (mean [95 % CI])", "mean", "ci_low", "ci_high", "probe_steps", "probed_steps"]].merge(
         acc[A.CELL + [final, "mean"]].rename(columns={"mean": "accuracy_mean"}), on=A.CELL, how="outer")
     diag = {"corr_clipped_share": "mean", "corr_masked_share": "mean", "corr_weight_max": "max"}
     have = [c for c in diag if c in steps.columns]
@@ -171,19 +175,20 @@ def zoo_table(steps: pd.DataFrame, pr: pd.DataFrame, name: str = "test accuracy"
     t["M (mean [95 % CI])"] = t["M (mean [95 % CI])"].fillna("n/a")  # a cell without a metrics row: every run diverged at step 1
     rows = []
     for _, g in t.groupby(["model", "sampler"], sort=True):
-        g = g.assign(_diverged=g["diverged"] != "none").sort_values(["_diverged", "mean", "correction"], na_position="last").copy()
-        finished = ~g["_diverged"]
-        g["rank by M"] = pd.array([pd.NA] * len(g), dtype="Int64")
-        g.loc[finished, "rank by M"] = list(range(1, int(finished.sum()) + 1))
+        finished = g["diverged"] == "none"
+        whole = finished & (g["probe_steps"] == g["probed_steps"]) & g["mean"].notna()
+        g = g.assign(_unranked=~whole).sort_values(["_unranked", "mean", "correction"], na_position="last").copy()
+        g["rank by M"] = g["mean"].where(whole).rank(method="min").astype("Int64")
         g["rank by accuracy"] = g["accuracy_mean"].where(finished).rank(ascending=False, method="min").astype("Int64")
-        rows.append(g.drop(columns="_diverged"))
+        rows.append(g.drop(columns="_unranked"))
     t = pd.concat(rows, ignore_index=True)
     t["truncated tokens"] = [_fmt(v) for v in t.get("corr_clipped_share", pd.Series(math.nan, index=t.index))]
     t["dropped tokens"] = [_fmt(v) for v in t.get("corr_masked_share", pd.Series(math.nan, index=t.index))]
     t["largest weight"] = [_fmt(v) for v in t.get("corr_weight_max", pd.Series(math.nan, index=t.index))]
     for col in ("rank by M", "rank by accuracy"):
         t[col] = [str(int(v)) if not pd.isna(v) else "—" for v in t[col]]
-    return t[["model", "sampler", "rank by M", "correction", "M (mean [95 % CI])", final, "rank by accuracy",
+    t["probe steps in M"] = [f"{int(a)} of {int(b)}" if b == b else "n/a" for a, b in zip(t["probe_steps"], t["probed_steps"])]
+    return t[["model", "sampler", "rank by M", "correction", "M (mean [95 % CI])", "probe steps in M", final, "rank by accuracy",
               "truncated tokens", "dropped tokens", "largest weight", "diverged", "mean", "ci_low", "ci_high"]]
 
 
@@ -408,8 +413,9 @@ CAPTIONS = {
         "The grid's corrections ranked per sampler by the noise-floor multiple M (mean over runs [95 % t-interval "
         "over runs (df = runs − 1, docs/method.md#intervals-over-seeds)]; rank 1 = closest to on-policy training), "
         "beside the final {measure} (mean [95 % t-interval]) and its rank, the mean share of tokens each correction "
-        "truncated or dropped and its largest token weight. Ranks are over the cells whose runs all finished; a cell "
-        "with a diverged run is listed after them without a rank (—). " + DIVERGED
+        "truncated or dropped and its largest token weight. The rank by M is over the cells whose runs all finished "
+        "with every probe step in M (equal means share a rank); a cell with a diverged run, or with probe steps left "
+        "out of M (a run that collapsed: floor 0), is listed after them without a rank (—). " + DIVERGED
     ),
     "findings": (
         "Findings of the paper, each checked by the stated rule in each replicate (a group of seeds): ✓ seen = the "

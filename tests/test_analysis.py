@@ -295,3 +295,21 @@ def test_every_table_and_figure_comes_out_of_a_sub_grid(tmp_path, cells):
     if ("bf16", "pg") not in cells:  # accuracy drops need the reference: said, not a KeyError
         assert f.loc["R", "seeds 0"] == "not in this grid" or f.loc["R", "seeds 0"].endswith("not in this grid")
     assert (f["seeds 1"] == "not run").all()
+
+
+def test_the_zoo_ranks_only_whole_multiples_and_equal_means_share_a_rank():
+    """A collapsed run's M leaves out its steps with floor 0: that cell is not ranked beside full runs
+    and says how many probe steps its M has; a copy and its source (the same runs) share a rank."""
+    def cell(correction, dev, floor=(1.0, 1.0, 1.0, 1.0)):
+        return [run_rows("m", "stale", correction, k, dev=[d * (1 + 0.1 * k) for d in dev], floor=list(floor),
+                         test_accuracy=[NAN, NAN, NAN, 0.3]) for k in (0, 1, 2)]
+
+    steps = pd.concat(cell("is", [1.0] * 4) + cell("is_resync", [1.0] * 4) + cell("center", [3.0] * 4)
+                      + cell("pg", [0.5] * 4, floor=(1.0, 1.0, 0.0, 0.0)))  # pg collapsed after step 2: the lowest M, truncated
+    runs = steps.groupby(A.RUN).agg(final_test_accuracy=("test_accuracy", "last")).reset_index()
+    runs = runs.assign(initial_test_accuracy=0.25, resync_steps="[]", computed_as="", diverged_at_step=NAN)
+    z = T.zoo_table(steps, A.per_run(steps, runs)).set_index("correction")
+    assert z.loc["is", "rank by M"] == z.loc["is_resync", "rank by M"] == "1" and z.loc["center", "rank by M"] == "3"
+    assert z.loc["pg", "rank by M"] == "—" and z.loc["pg", "probe steps in M"] == "6 of 12"
+    assert list(z.index)[-1] == "pg"
+    assert z.loc["is", "M (mean [95 % CI])"] == z.loc["is_resync", "M (mean [95 % CI])"]
