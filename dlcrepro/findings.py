@@ -367,26 +367,29 @@ class Finding:
     rule: Callable[[Replicate], Result]
     unit: str  # of Result.value: "x floor", "points", "steps", ...
     paper_value: float = math.nan
+    derived: str = ""  # how paper_value follows from the paper's words where the paper gives no such number ("" where it does)
 
 
 FINDINGS: list[Finding] = [
-    Finding("R", "on-policy bf16/pg learns", "46.5 % after 40 steps", f"every seed's pool accuracy rises >= {100 * RISE_POINTS:.0f} points over the run",
+    Finding("R", "on-policy bf16/pg learns", "not given (46.5 % is F4's)",
+            f"every seed's pool accuracy rises >= {100 * RISE_POINTS:.0f} points over the run",
             reference_learns, "points of pool accuracy gained (mean, smallest and largest run)"),
     Finding("M", "δ constant under fp8, λ growing under stale", "yes",
             "fp8 mean |δ| last/first 5 steps in [2/3, 3/2]; stale mean |λ| (no resync) last > 3x first", mechanism,
             "stale mean |λ|, last over first 5 steps"),
     Finding("F1", "IS fails once lag ESS < 1/2", "criterion",
             "every stale/is run crosses 1/2 and collapses (drop >= half the reference), never before its crossing", f1_is_fails_past_half,
-            "share of stale/is runs that cross, then collapse", 1.0),
+            "share of stale/is runs that cross, then collapse", 1.0, "derived: a criterion, read as every run"),
     Finding("F2", "stale: ESS crossing vs Gaussian prediction", "11 vs 14 (1.7B)",
             "every stale/is run crosses before the Gaussian prediction exp(-Var λ) does", f2_crossing_vs_gaussian,
-            "steps from the Gaussian crossing to the empirical one (mean)", -3.0),
+            "steps from the Gaussian crossing to the empirical one (mean)", -3.0, "derived: 11 − 14 (1.7B)"),
     Finding("F3", "fp8: PG multiple (corrections near the floor)", "PG 13x",
             "fp8/pg's M t-interval above 1, and the paired (by seed) difference of M, pg − center, above 0",
             f3_fp8_pg_above_floor, "x floor", 13.0),
     Finding("F4", "fp8: center's pool accuracy matches on-policy", "46.5 %",
             f"the paired (by seed) difference to bf16/pg: its whole t-interval within ±{100 * F4_MARGIN_POINTS:.0f} points",
-            f4_fp8_center_matches_on_policy, "points of pool accuracy, center minus bf16/pg", 0.0),
+            f4_fp8_center_matches_on_policy, "points of pool accuracy, center minus bf16/pg", 0.0,
+            "derived: \"matches\" read as 0"),
     Finding("F5", "stale: center multiple, accuracy", "32x, 12.2 %", "stale/center's M t-interval above 2",
             _above_floor("stale", "center"),
             "x floor", 32.0),
@@ -400,7 +403,7 @@ FINDINGS: list[Finding] = [
             f"stale/dlc's whole M t-interval at or below {F8_MARGIN_MULTIPLE:g}, no run diverged", f8_dlc_within_two,
             "x floor", 1.9),
     Finding("F9", "stale: DLC resync steps", "20, 35, 36 (once per run)", "every stale/dlc run resyncs at least once", f9_dlc_resyncs,
-            "resyncs per stale/dlc run (mean, fewest, most)", 1.0),
+            "resyncs per stale/dlc run (mean, fewest, most)", 1.0, "derived: once per run (20, 35, 36)"),
     Finding("F10", "stale: IS vs IS + resync multiple", "115x -> 2.6x",
             "the paired (by seed) difference of M, stale/is_resync − stale/is, below 0", f10_resync_rescues_is,
             "x floor", 2.6),
@@ -408,10 +411,11 @@ FINDINGS: list[Finding] = [
             "mean at collapse > 2x the largest before (no resync), and above every with-resync value", f11_off_support_at_collapse,
             "off-support share at collapse points (mean)", 0.90),
     Finding("F12", "kl_sampler at collapse vs healthy runs' range", "within range", "mean kl_sampler at collapse <= the healthy runs' largest",
-            f12_kl_blind_at_collapse, "kl_sampler at collapse over the healthy runs' largest", 1.0),
+            f12_kl_blind_at_collapse, "kl_sampler at collapse over the healthy runs' largest", 1.0,
+            "derived: \"within range\" read as 1"),
     Finding("F13", "Spearman with the accuracy drop: off-support vs deviation", "0.80 vs 0.74",
             "ρ(off-support) − ρ(M): its bootstrap interval over distinct runs above 0, ends settled to a tenth of their distance",
-            f13_off_support_predicts_drop, "ρ(off-support) − ρ(M)", 0.06),
+            f13_off_support_predicts_drop, "ρ(off-support) − ρ(M)", 0.06, "derived: 0.80 − 0.74"),
 ]
 
 
@@ -474,7 +478,8 @@ def findings_table(steps: pd.DataFrame, runs: pd.DataFrame, replicates: list[lis
                     needs.append(f"{label}: {int(res.seeds_needed) if res.seeds_needed == res.seeds_needed else 'n/a'}")
             row["seen"] = verdict(verdicts, [_label(seeds) for seeds in replicates])
             row["seeds to decide"] = "; ".join(needs) or "—"
-            row.update({"unit": f.unit, "paper value": f.paper_value, **numbers, "machine": machine,
+            row.update({"unit": f.unit, "paper value": f.paper_value, "paper value derived": f.derived, **numbers,
+                        "machine": machine,
                         "rules": RULES_COMMIT or "uncommitted"})
             rows.append(row)
     return pd.DataFrame(rows)

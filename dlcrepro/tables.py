@@ -81,8 +81,8 @@ def noise_floor_table(steps: pd.DataFrame, pr: pd.DataFrame) -> pd.DataFrame:
                                for m, lo, hi, d in zip(s["mean"], s["ci_low"], s["ci_high"], s["diverged"])]
     s["runs with a multiple"] = [f"{v}/{n}" for v, n in zip(s["n_valid"], s["n_runs"])]
     s["paper"] = [PAPER_MULTIPLE.get((a, b), "") for a, b in zip(s["sampler"], s["correction"])]
-    return s[A.CELL + ["M (mean [95 % CI])", "runs with a multiple", "probe_steps", "probed_steps", "diverged", "paper", "mean", "ci_low",
-                       "ci_high"]]
+    shown = ["M (mean [95 % CI])", "runs with a multiple", "probe_steps", "probed_steps", "diverged", "paper"]
+    return s[A.CELL + shown + ["mean", "ci_low", "ci_high"]]
 
 
 def accuracy_table(pr: pd.DataFrame, name: str = "test accuracy", heldout: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -315,7 +315,7 @@ def to_md(df: pd.DataFrame, caption: str) -> str:
 def csv_only(df: pd.DataFrame) -> list[str]:
     """The columns a table keeps for programs (the .csv) and leaves out of the .md and .tex: raw
     numbers its text columns already show, and the findings' headline numbers (the summary figure's)."""
-    numeric = ("mean", "sd", "ci_low", "ci_high", "unit", "paper value")
+    numeric = ("mean", "sd", "ci_low", "ci_high", "unit", "paper value", "paper value derived")
     said_in_caption = ("machine", "rules")  # the findings caption names them (one value per table)
     nothing_compared = "other machines" in df.columns and (df["other machines"] == "none compared").all()
     per_replicate = (" value", " low", " high", " seeds needed")

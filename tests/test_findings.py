@@ -120,6 +120,9 @@ def test_the_findings_table_carries_each_replicates_headline_number_the_machine_
     assert (t["machine"] == "x86-64 AVX2").all()
     assert (t["rules"] == (F.RULES_COMMIT or "uncommitted")).all()
     assert np.isnan(t.loc["F5", "seeds 0,1 value"])  # not in this grid: no number
+    # a paper value the paper does not state is marked as derived, and how; one it states is not
+    assert t.loc["F13", "paper value derived"] == "derived: 0.80 − 0.74" and t.loc["F3", "paper value derived"] == ""
+    assert "46.5" not in t.loc["R", "paper"].split("(")[0]  # F4's number, not the on-policy reference's
 
 
 def test_cpu_kind_names_the_instruction_sets_kernels_are_chosen_by():
