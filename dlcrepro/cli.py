@@ -174,7 +174,7 @@ def cmd_figures(args) -> int:
 
     from .figures import write_all
 
-    findings = pd.read_csv(args.findings) if args.findings else None
+    findings = pd.read_csv(args.findings, dtype={"rules": str, "machine": str}) if args.findings else None
     write_all(pd.read_parquet(args.steps), Path(args.out), pd.read_parquet(args.runs), findings)
     return 0
 

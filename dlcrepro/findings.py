@@ -45,7 +45,7 @@ PAPER_PPO = "ppo_multi"
 # such commit was 69b9542 (equivalence margins for F4 and F8, F7 on ppo_multi, verdicts across CPU
 # kinds); the second, of issue #55, set t-intervals over seeds, paired differences for orderings and
 # three verdicts (docs/method.md#rules-and-which-numbers-were-known-when).
-RULES_COMMIT = "4e67747"
+RULES_COMMIT = "4e6774791f"  # ten hex digits: "4e67747" alone reads back from a CSV as the float 4e+67747 (inf)
 
 SEEN, CONTRADICTED, UNDECIDED = I.SEEN, I.CONTRADICTED, I.UNDECIDED
 CANNOT_TELL = "cannot tell"  # the rule has nothing to read (not in the grid, no collapse point)

@@ -117,7 +117,7 @@ def pages(root: Path) -> dict[Path, str]:
 
 def update(root: Path, findings_csv: Path) -> list[Path]:
     """Rewrite every page's generated blocks from `findings_csv`; the pages that changed."""
-    findings = pd.read_csv(findings_csv)
+    findings = pd.read_csv(findings_csv, dtype={"rules": str, "machine": str})  # a commit like 4e67747 is no number
     changed = []
     for page, method_link in pages(root).items():
         text = page.read_text(encoding="utf-8")

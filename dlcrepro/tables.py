@@ -496,6 +496,12 @@ def findings_from(directory: Path, other_machines: list[pd.DataFrame], n_boot: i
     return across_machines(findings_from_input(*read_findings_input(directory), n_boot), other_machines)
 
 
+def read_findings_table(path: Path) -> pd.DataFrame:
+    """A findings.csv with its text columns as text: a rules commit such as "4e67747" is a number to
+    pandas' reader (4e+67747), a verdict column of "1" or "nan" is not."""
+    return pd.read_csv(path, dtype={"rules": str, "machine": str, "seen": str})
+
+
 def other_machine_findings(paths, n_boot: int = 1000) -> list[pd.DataFrame]:
     """The findings tables of other CPU kinds from `paths` (outputs.other_machine_files): a findings
     table as it is, a findings input (its findings_steps.csv or findings_runs.csv) recomputed under
@@ -506,7 +512,7 @@ def other_machine_findings(paths, n_boot: int = 1000) -> list[pd.DataFrame]:
             if p.parent not in folders:
                 folders.append(p.parent)
         else:
-            tables.append(pd.read_csv(p))
+            tables.append(read_findings_table(p))
     return tables + [findings_from_input(*read_findings_input(d), n_boot) for d in folders]
 
 
