@@ -611,8 +611,10 @@ VERDICT_COLOURS = {"✓": "#CDEBD4", "✗": "#F6D2D2", "?": "#F3E7C4", "–": "#
 
 
 def _headline(row: pd.Series, label: str) -> str:
-    """A replicate's headline number as short text ("1.21× [1.01, 1.48]", "+2.7 [−1.2, +6.4] pts"),
-    else the start of its text (a findings table written before the numbers were recorded)."""
+    """A replicate's headline number as short text: with its interval in brackets ("1.21× [1.01, 1.48]",
+    "+2.7 [−1.2, +6.4] points"), or with the range of its runs where low and high are the smallest and
+    largest run, not an interval ("+31.4 points (runs +30.7 to +32.0)"); else the start of its text (a
+    findings table written before the numbers were recorded)."""
     v, lo, hi = (row.get(f"{label} {k}", np.nan) for k in ("value", "low", "high"))
     if pd.isna(v):
         text = str(row[label])[2:]
@@ -629,8 +631,11 @@ def _headline(row: pd.Series, label: str) -> str:
         fmt, suffix = (lambda x: f"{x:+.1f}"), " steps"  # noqa: E731
     elif unit.startswith("resyncs"):
         suffix = " resyncs a run"
-    text = fmt(v) + (f" [{fmt(lo).rstrip('×')}, {fmt(hi)}]" if not pd.isna(lo) else "")
-    return text + suffix
+    if pd.isna(lo):
+        return fmt(v) + suffix
+    if "smallest and largest" in unit or "fewest, most" in unit:  # a range of runs, not an interval
+        return f"{fmt(v)}{suffix} (runs {fmt(lo)} to {fmt(hi)})"
+    return fmt(v) + f" [{fmt(lo).rstrip('×')}, {fmt(hi)}]" + suffix
 
 
 def findings(findings: pd.DataFrame) -> Figure:
@@ -682,7 +687,7 @@ def findings(findings: pd.DataFrame) -> Figure:
     forest.axvline(A.LEAVE_FLOOR_RATIO, **REFERENCE_LINE, ls="--")
     forest.set(xscale="log", ylim=(n + 0.2, -1.1), yticks=[i for i, _ in rows], yticklabels=[r["finding"] for _, r in rows],
                xlabel="noise-floor multiple M (× floor, log scale)", title="M: this study against the paper")
-    handles = [Line2D([], [], ls="none", marker="o", color=colours[k % 4], label=f"{lab}: mean [95 % CI]") for k, lab in enumerate(reps)]
+    handles = [Line2D([], [], ls="none", marker="o", color=colours[k % 4], label=f"{lab}: mean [95 % t-interval]") for k, lab in enumerate(reps)]
     handles += [Line2D([], [], ls="none", marker="D", mfc="none", color=PAPER_COLOUR, label="the paper's M"),
                 Line2D([], [], **_ref_handle(":"), label="1× floor"), Line2D([], [], **_ref_handle("--"), label="2× floor")]
     fig.legend(handles=handles, loc="outside lower right", ncols=3, frameon=False, fontsize=8)
