@@ -687,7 +687,8 @@ def findings(findings: pd.DataFrame) -> Figure:
     forest.axvline(A.LEAVE_FLOOR_RATIO, **REFERENCE_LINE, ls="--")
     forest.set(xscale="log", ylim=(n + 0.2, -1.1), yticks=[i for i, _ in rows], yticklabels=[r["finding"] for _, r in rows],
                xlabel="noise-floor multiple M (× floor, log scale)", title="M: this study against the paper")
-    handles = [Line2D([], [], ls="none", marker="o", color=colours[k % 4], label=f"{lab}: mean [95 % t-interval]") for k, lab in enumerate(reps)]
+    handles = [Line2D([], [], ls="none", marker="o", color=colours[k % 4], label=f"{lab}: mean [95 % t-interval]")
+               for k, lab in enumerate(reps)]
     handles += [Line2D([], [], ls="none", marker="D", mfc="none", color=PAPER_COLOUR, label="the paper's M"),
                 Line2D([], [], **_ref_handle(":"), label="1× floor"), Line2D([], [], **_ref_handle("--"), label="2× floor")]
     fig.legend(handles=handles, loc="outside lower right", ncols=3, frameon=False, fontsize=8)
