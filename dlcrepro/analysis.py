@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
-import zlib
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 import numpy as np
 import pandas as pd
 import yaml
 
+from .intervals import t_interval
 from .registry import resync_corrections
 
 RUN = ["model", "sampler", "correction", "seed"]
@@ -250,38 +249,82 @@ def off_support_summary(drops: pd.DataFrame, resync_corrections=RESYNC_CORRECTIO
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's ρ: the Pearson correlation of the average ranks of x and y (scipy's spearmanr, a
+    tenth of its time: the bootstraps call it tens of thousands of times), over pairs without a NaN;
+    NaN with fewer than 3 pairs or a constant variable."""
     ok = ~(np.isnan(x) | np.isnan(y))
     if ok.sum() < 3 or np.all(x[ok] == x[ok][0]) or np.all(y[ok] == y[ok][0]):
         return math.nan
-    from scipy import stats  # imported here: training jobs import this module and never need scipy
+    from scipy.stats import rankdata  # imported here: training jobs import this module and never need scipy
 
-    return float(stats.spearmanr(x[ok], y[ok]).statistic)
+    rx, ry = rankdata(x[ok]), rankdata(y[ok])
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    return float(np.dot(rx, ry) / math.sqrt(np.dot(rx, rx) * np.dot(ry, ry)))
 
 
-def bootstrap_runs(df: pd.DataFrame, cols: list[str], stat, n_boot: int = 1000, seed: int = 0) -> tuple[float, float, float]:
-    """`stat` of the `(rows, len(cols))` array of `df`'s columns, and its 95 % interval resampling
-    runs (not rows) with replacement; resamples where `stat` is NaN are dropped."""
+MOST_RESAMPLES = 32_000  # bootstrap_runs draws no more than this many resamples to settle an end
+
+
+class Bootstrapped(NamedTuple):
+    """A statistic and its 95 % percentile-bootstrap interval over runs, with the Monte-Carlo error of
+    the interval's ends (the larger of the two) and the number of resamples drawn."""
+
+    value: float
+    low: float
+    high: float
+    mc_error: float = math.nan
+    resamples: int = 0
+
+
+def percentile_mc_error(boots: np.ndarray, q: float) -> float:
+    """The Monte-Carlo standard error of the q-th percentile of `boots` as an estimate of the
+    bootstrap distribution's: half the distance between the order statistics ±√(B q (1 − q)) ranks
+    around it (the binomial spread of how many resamples fall below a quantile)."""
+    b = np.sort(boots)
+    k, s = q * (len(b) - 1), math.sqrt(len(b) * q * (1 - q))
+    lo, hi = int(max(0, math.floor(k - s))), int(min(len(b) - 1, math.ceil(k + s)))
+    return float((b[hi] - b[lo]) / 2)
+
+
+def bootstrap_runs(df: pd.DataFrame, cols: list[str], stat, n_boot: int = 1000, seed: int = 0, margins=()) -> Bootstrapped:
+    """`stat` of the `(rows, len(cols))` array of `df`'s columns, and its 95 % percentile interval
+    resampling runs (not rows) with replacement; resamples where `stat` is NaN are dropped. With
+    `margins`, resamples are added (doubling, up to MOST_RESAMPLES) until each end's Monte-Carlo error
+    (`percentile_mc_error`) is below a tenth of its distance to the nearest margin, or 0, so the side
+    of a margin an end falls on is not the draw's; `mc_error` says how far that got."""
     value = stat(df[cols].to_numpy(float))
     groups = [g[cols].to_numpy(float) for _, g in df.groupby(RUN)]
     if len(groups) < 2 or math.isnan(value):
-        return value, math.nan, math.nan
+        return Bootstrapped(value, math.nan, math.nan)
     rng = np.random.default_rng(seed)
-    boots = [stat(np.concatenate([groups[i] for i in rng.integers(len(groups), size=len(groups))])) for _ in range(n_boot)]
-    boots = [b for b in boots if not math.isnan(b)]
-    if not boots:
-        return value, math.nan, math.nan
-    lo, hi = np.percentile(boots, [2.5, 97.5])
-    return value, float(lo), float(hi)
+
+    def draw(k: int) -> list[float]:
+        return [stat(np.concatenate([groups[i] for i in rng.integers(len(groups), size=len(groups))])) for _ in range(k)]
+
+    boots = np.array([b for b in draw(n_boot) if not math.isnan(b)])
+    while True:
+        if not len(boots):
+            return Bootstrapped(value, math.nan, math.nan, math.nan, n_boot)
+        lo, hi = (float(v) for v in np.percentile(boots, [2.5, 97.5]))
+        err = max(percentile_mc_error(boots, 0.025), percentile_mc_error(boots, 0.975))
+        distance = min((abs(e - m) for e in (lo, hi) for m in margins), default=math.inf)
+        if err == 0 or err < distance / 10 or len(boots) >= MOST_RESAMPLES:  # err 0: the ends are exact
+            return Bootstrapped(value, lo, hi, err, len(boots))
+        boots = np.concatenate([boots, [b for b in draw(len(boots)) if not math.isnan(b)]])
 
 
-def bootstrap_spearman(df: pd.DataFrame, xcol: str, ycol: str, n_boot: int = 1000, seed: int = 0) -> tuple[float, float, float]:
-    """ρ(x, y) over all rows and its 95 % interval, resampling runs (not steps)."""
+def bootstrap_spearman(df: pd.DataFrame, xcol: str, ycol: str, n_boot: int = 1000, seed: int = 0) -> Bootstrapped:
+    """ρ(x, y) over all rows and its 95 % percentile interval, resampling runs (not steps)."""
     return bootstrap_runs(df, [xcol, ycol], lambda a: spearman(a[:, 0], a[:, 1]), n_boot, seed)
 
 
-def spearman_difference(df: pd.DataFrame, xcol: str, zcol: str, ycol: str, n_boot: int = 1000, seed: int = 0) -> tuple[float, float, float]:
-    """ρ(x, y) − ρ(z, y) over all rows and its 95 % interval, both ρ on the same resamples of runs."""
-    return bootstrap_runs(df, [xcol, zcol, ycol], lambda a: spearman(a[:, 0], a[:, 2]) - spearman(a[:, 1], a[:, 2]), n_boot, seed)
+def spearman_difference(df: pd.DataFrame, xcol: str, zcol: str, ycol: str, n_boot: int = 1000, seed: int = 0,
+                        margins=()) -> Bootstrapped:
+    """ρ(x, y) − ρ(z, y) over all rows and its 95 % percentile interval, both ρ on the same resamples
+    of runs; with `margins`, resampled until the ends' Monte-Carlo error is a tenth of their distance
+    to them (`bootstrap_runs`)."""
+    return bootstrap_runs(df, [xcol, zcol, ycol], lambda a: spearman(a[:, 0], a[:, 2]) - spearman(a[:, 1], a[:, 2]), n_boot, seed,
+                          margins)
 
 
 def spearman_table(steps: pd.DataFrame, drops: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
@@ -290,7 +333,7 @@ def spearman_table(steps: pd.DataFrame, drops: pd.DataFrame, n_boot: int = 1000,
     rows = []
     for model, d in list(pairs.groupby("model")) + [("pooled", pairs)]:
         for name, col in (("off_support", "off_support"), ("noise_floor_multiple", "multiple_to_step")):
-            rho, lo, hi = bootstrap_spearman(d, col, "drop", n_boot, seed)
+            rho, lo, hi, *_ = bootstrap_spearman(d, col, "drop", n_boot, seed)
             rows.append({"model": model, "measure": name, "rho": rho, "ci_low": lo, "ci_high": hi,
                          "pairs": int(d[[col, "drop"]].dropna().shape[0]), "runs": d.groupby(RUN).ngroups})
     return pd.DataFrame(rows)
@@ -310,54 +353,32 @@ def distinct_runs(df: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     return df.loc[marked["_copy"].isna().to_numpy()]
 
 
-def multiple_bootstrap(steps: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """Per cell: the mean over runs of M = Σ dev / Σ floor, and its 95 % bootstrap interval.
-
-    Two-level resampling, as the runs were made: runs of the cell with replacement, and within each
-    run its probe steps with replacement. A run whose resampled floor sums to 0 has no multiple and
-    is left out of that resample's mean. Steps whose floor is 0 add nothing to either sum, as in M.
-    Each cell draws from its own stream (seeded by `seed` and the cell's name), so leaving a cell out
-    does not move the others' intervals."""
-    probes = steps.loc[steps["floor"] > 0]
-    rows = []
-    for key, cell in probes.groupby(CELL):
-        rng = np.random.default_rng([seed, zlib.crc32("/".join(map(str, key)).encode())])
-        per_run = []  # (n_boot,) resampled multiples of each run
-        point = []
-        for _, g in cell.groupby("seed"):
-            dev, floor = g["dev"].to_numpy(float), g["floor"].to_numpy(float)
-            point.append(dev.sum() / floor.sum())
-            idx = rng.integers(len(dev), size=(n_boot, len(dev)))
-            fs = floor[idx].sum(1)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                per_run.append(np.where(fs > 0, dev[idx].sum(1) / fs, np.nan))
-        m = np.stack(per_run)  # (runs, n_boot)
-        pick = rng.integers(len(m), size=(n_boot, len(m)))
-        with warnings.catch_warnings():  # a resample whose runs all lack a multiple: NaN, dropped below
-            warnings.simplefilter("ignore", RuntimeWarning)
-            boots = np.nanmean(m[pick, np.arange(n_boot)[:, None]], axis=1)
-        boots = boots[~np.isnan(boots)]
-        lo, hi = np.percentile(boots, [2.5, 97.5]) if len(boots) else (math.nan, math.nan)
-        rows.append(dict(zip(CELL, key)) | {"mean": float(np.nanmean(point)) if not np.all(np.isnan(point)) else math.nan,
-                                             "ci_low": float(lo), "ci_high": float(hi), "n_runs": len(m), "probe_steps": int(len(cell))})
-    return pd.DataFrame(rows, columns=CELL + ["mean", "ci_low", "ci_high", "n_runs", "probe_steps"])
-
-
-def mean_bootstrap(per_run_df: pd.DataFrame, col: str, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """Per cell: the mean over runs of a per-run column and its 95 % interval, resampling runs
-    (each cell from its own stream, as in multiple_bootstrap)."""
+def mean_interval(per_run_df: pd.DataFrame, col: str) -> pd.DataFrame:
+    """Per cell: the mean over runs of a per-run column and its 95 % Student-t interval over runs
+    (intervals.t_interval: mean ± t_{0.975, n−1} · sd/√n, exact), with the spread `sd`, the cell's
+    runs (`n_runs`) and those with a value (`n_valid`: NaN runs are counted, not averaged). A cell
+    with one value has no interval (NaN ends); copies of one cell get the same interval."""
     rows = []
     for key, g in per_run_df.groupby(CELL):
-        rng = np.random.default_rng([seed, zlib.crc32("/".join(map(str, key)).encode())])
-        x = g[col].to_numpy(float)
-        x = x[~np.isnan(x)]
-        lo = hi = mean = math.nan
-        if len(x):
-            mean = float(x.mean())
-            boots = x[rng.integers(len(x), size=(n_boot, len(x)))].mean(1)
-            lo, hi = (float(v) for v in np.percentile(boots, [2.5, 97.5]))
-        rows.append(dict(zip(CELL, key)) | {"mean": mean, "ci_low": lo, "ci_high": hi, "n_runs": int(len(g))})
-    return pd.DataFrame(rows, columns=CELL + ["mean", "ci_low", "ci_high", "n_runs"])
+        mean, lo, hi, sd, n = t_interval(g[col].to_numpy(float))
+        rows.append(dict(zip(CELL, key)) | {"mean": mean, "ci_low": lo, "ci_high": hi, "sd": sd, "n_runs": int(len(g)),
+                                             "n_valid": n})
+    return pd.DataFrame(rows, columns=CELL + ["mean", "ci_low", "ci_high", "sd", "n_runs", "n_valid"])
+
+
+def multiple_interval(steps: pd.DataFrame, per_run_df: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per cell: the mean over runs of M = Σ dev / Σ floor and its 95 % t-interval over runs
+    (`mean_interval` of each run's M: a run's M already carries its probe steps' noise, so the spread
+    of the runs' M is the whole spread), `probe_steps`, the probe steps (floor > 0) that entered, and
+    `probed_steps`, the steps probed (a floor measured; fewer enter where a run collapsed: floor 0).
+    `per_run_df` (per_run's table) gives every run of the cell, those without a multiple among them;
+    by default the runs with a row in `steps`."""
+    pr = per_run_df if per_run_df is not None else noise_floor_multiple(steps)
+    out = mean_interval(pr, "noise_floor_multiple")
+    for col, rows in (("probe_steps", steps["floor"] > 0), ("probed_steps", steps["floor"].notna())):
+        out = out.merge(steps.loc[rows].groupby(CELL).size().rename(col).reset_index(), on=CELL, how="left")
+        out[col] = out[col].fillna(0).astype(int)
+    return out
 
 
 def thin_probes(steps: pd.DataFrame, every: int) -> pd.DataFrame:
@@ -371,12 +392,12 @@ def thin_probes(steps: pd.DataFrame, every: int) -> pd.DataFrame:
     return out
 
 
-def interval_width_by_probe_density(steps: pd.DataFrame, thinning=(1, 2, 5), n_boot: int = 1000) -> pd.DataFrame:
+def interval_width_by_probe_density(steps: pd.DataFrame, thinning=(1, 2, 5)) -> pd.DataFrame:
     """How the cells' M intervals narrow with more probe steps: for each thinning factor, the probe
-    steps per run left and the median over cells of the interval's width relative to its mean."""
+    steps per run left and the median over cells of the t-interval's width relative to its mean."""
     rows = []
     for k in thinning:
-        b = multiple_bootstrap(thin_probes(steps, k), n_boot)
+        b = multiple_interval(thin_probes(steps, k))
         rel = (b["ci_high"] - b["ci_low"]) / b["mean"]
         per_run = b["probe_steps"] / b["n_runs"]
         rows.append({"probe every k-th probe step": k, "probe steps per run": float(per_run.median()) if len(b) else math.nan,

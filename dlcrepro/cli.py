@@ -128,7 +128,7 @@ def cmd_collect(args) -> int:
 def cmd_tables(args) -> int:
     import pandas as pd
 
-    from .tables import redraw_tex, write_all
+    from .tables import other_machine_findings, redraw_tex, write_all
 
     if args.redraw_tex:
         for f in redraw_tex(Path(args.redraw_tex)):
@@ -138,9 +138,25 @@ def cmd_tables(args) -> int:
         raise SystemExit("tables: give --steps and --runs (or --redraw-tex DIR)")
 
     replicates = [[int(x) for x in g.split(",")] for g in args.replicates or []]
-    others = [pd.read_csv(f) for f in args.other_machines or []]
+    others = other_machine_findings(args.other_machines or [], args.n_boot)
     write_all(pd.read_parquet(args.steps), pd.read_parquet(args.runs), Path(args.out), n_boot=args.n_boot, replicates=replicates,
               other_machines=others)
+    return 0
+
+
+def cmd_findings(args) -> int:
+    """findings.{csv,md,tex} rebuilt from the findings input the tables job wrote into --from (and what
+    other CPU kinds gave: --other-machines, by default those committed under <from>/other_machines/)."""
+    from .outputs import other_machine_files
+    from .tables import caption, findings_from, other_machine_findings, write_table
+
+    source = Path(args.source)
+    paths = args.other_machines if args.other_machines is not None else other_machine_files(source)
+    table = findings_from(source, other_machine_findings(paths, args.n_boot), args.n_boot)
+    out = Path(args.out) if args.out else source
+    out.mkdir(parents=True, exist_ok=True)
+    write_table(table, out, "findings", caption("findings", table))
+    print(f"wrote {out / 'findings.csv'} (.md, .tex) from {source}")
     return 0
 
 
@@ -158,7 +174,7 @@ def cmd_figures(args) -> int:
 
     from .figures import write_all
 
-    findings = pd.read_csv(args.findings) if args.findings else None
+    findings = pd.read_csv(args.findings, dtype={"rules": str, "machine": str}) if args.findings else None
     write_all(pd.read_parquet(args.steps), Path(args.out), pd.read_parquet(args.runs), findings)
     return 0
 
@@ -337,8 +353,18 @@ def main(argv: list[str] | None = None) -> int:
     tb.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the intervals")
     tb.add_argument("--replicates", nargs="*", metavar="SEEDS", help="seed groups checked apart, e.g. 0,1,2 3,4,5 (default: all seeds, one group)")
     tb.add_argument("--other-machines", nargs="*", metavar="CSV",
-                    help="findings.csv of the same grid from other CPU kinds (seen on one kind only: 'seen on one machine')")
+                    help="findings.csv, or findings_steps.csv and findings_runs.csv, of the same grid from other CPU kinds "
+                    "(seen on one kind only: 'seen on one machine')")
     tb.set_defaults(fn=cmd_tables)
+
+    fi = sub.add_parser("findings", help="rebuild findings.csv (.md, .tex) from the findings input the tables job wrote "
+                        "(findings_steps.csv, findings_runs.csv): every verdict from committed files")
+    fi.add_argument("--from", dest="source", default="paper_tables", help="the tables directory holding the findings input")
+    fi.add_argument("--out", help="where findings.csv goes (default: the --from directory)")
+    fi.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples F13 starts from (as the tables job)")
+    fi.add_argument("--other-machines", nargs="*", metavar="CSV",
+                    help="other CPU kinds' findings.csv or findings input (default: those under <from>/other_machines/)")
+    fi.set_defaults(fn=cmd_findings)
 
     dc = sub.add_parser("docs", help="rewrite the README's and docs/results.md's findings count and table from findings.csv")
     dc.add_argument("--root", default=".", help="the repository (default: here)")

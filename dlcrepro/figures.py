@@ -2,8 +2,8 @@
 
 Each figure reads without the README: its title says what is plotted, in which unit and over how
 many seeds (a line is the mean over the runs that finished, a thin line each seed; where many runs
-are pooled, a band is the 95 % bootstrap interval of the mean over runs, resampling runs as the
-tables do); a run that diverged ends in a cross at its last step and stays out of the means and of
+are pooled, a band is the 95 % t-interval of the mean over runs, as the tables give it:
+intervals.t_interval); a run that diverged ends in a cross at its last step and stays out of the means and of
 the axis limits; where the paper reports a value for what a panel shows, it is marked there; one
 legend beside the panels, never over the data, names every line and every reference line; a cell that is a copy of another
 (`computed_as`, dlcrepro/grid.py) is drawn with hollow markers over the run it equals and named as
@@ -16,7 +16,6 @@ marker). Each figure function returns its `Figure`; `write_all` saves those outp
 from __future__ import annotations
 
 import textwrap
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from . import analysis as A  # noqa: E402
 from . import outputs  # noqa: E402
+from .intervals import t_interval  # noqa: E402
 from .grid import SAMPLERS  # noqa: E402
 from .registry import CORRECTION_INFO  # noqa: E402
 from .util import atomic_save  # noqa: E402
@@ -209,9 +209,9 @@ def _tidy(axes, shared_y: bool) -> None:
 def _mean_band(ax, d: pd.DataFrame, y: str, line: dict, x: str = "step", band: str | bool = "seeds",
                diverged: frozenset = frozenset()) -> None:
     """The mean of `y` per `x` over the runs in `d` that finished, and around it either each of those
-    runs as a thin line (band "seeds", True) or the 95 % bootstrap interval of the mean over runs
-    (band "interval": 200 resamples of the runs); a run in `diverged` is drawn thin, ends in a cross
-    and moves neither the mean nor the axis limits."""
+    runs as a thin line (band "seeds", True) or the 95 % t-interval of the mean over runs at each x
+    (band "interval": intervals.t_interval); a run in `diverged` is drawn thin, ends in a cross and
+    moves neither the mean nor the axis limits."""
     d = d.loc[d[y].notna()]
     key = pd.Series(list(map(tuple, d[A.RUN].itertuples(index=False))), index=d.index) if set(A.RUN) <= set(d) else None
     gone = key.isin(diverged) if key is not None and diverged else pd.Series(False, index=d.index)
@@ -226,13 +226,7 @@ def _mean_band(ax, d: pd.DataFrame, y: str, line: dict, x: str = "step", band: s
                 r = per_run[col].dropna()
                 ax.plot(r.index, r.to_numpy(), **thin)
         elif band == "interval" and per_run.shape[1] > 1:
-            rng = np.random.default_rng(0)
-            values = per_run.to_numpy(float)
-            pick = rng.integers(values.shape[1], size=(200, values.shape[1]))
-            with np.errstate(all="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                boots = np.nanmean(values[:, pick], axis=2)  # (x, resamples)
-                lo, hi = np.nanpercentile(boots, 2.5, axis=1), np.nanpercentile(boots, 97.5, axis=1)
+            _, lo, hi, _, _ = t_interval(per_run.to_numpy(float), axis=1)  # (x,): over the runs at each x
             ax.fill_between(per_run.index, lo, hi, color=line["color"], alpha=0.15, lw=0, zorder=1)
     for _, r in d.loc[gone].groupby(A.RUN):
         # add_artist, not plot: a line added so never enters the data limits the axes scale to
@@ -373,7 +367,7 @@ def mismatch(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     n = f"{runs_per.min()}" if runs_per.min() == runs_per.max() else f"{runs_per.min()}–{runs_per.max()}"
     _title(fig, "Numerical discrepancy δ (engine vs trainer at the same weights) and policy lag λ (sampler's weights vs trainer's)",
            f"line: mean over the {n} distinct runs of each sampler ({seed_count(d)} per correction, copied cells once) that finished, "
-           f"band: its 95 % bootstrap interval (resampling runs); "
+           f"band: its 95 % t-interval over runs; "
            + (DIVERGENCE if any(r[1] in set(d["sampler"]) for r in diverged_set(runs)) else "no run diverged"))
     _legend(fig, [], {}, title="sampler", extra=[(s, dict(color=SAMPLER_COLOURS.get(s, "k"), lw=1.4)) for s in samplers])
     return fig
@@ -612,12 +606,15 @@ def write_all(steps: pd.DataFrame, out: Path, runs: pd.DataFrame | None = None, 
 # Drawn from the findings table (tables.write_all's findings.csv), not from the runs: the verdicts and
 # headline numbers are the table's (outputs.FIGURES lists it with reads="findings").
 
-VERDICT_COLOURS = {"✓": "#CDEBD4", "✗": "#F6D2D2", "?": "#E6E6E6"}
+# seen, contradicted, undecided, cannot tell
+VERDICT_COLOURS = {"✓": "#CDEBD4", "✗": "#F6D2D2", "?": "#F3E7C4", "–": "#E6E6E6"}
 
 
 def _headline(row: pd.Series, label: str) -> str:
-    """A replicate's headline number as short text ("1.21× [1.01, 1.48]", "+2.7 [−1.2, +6.4] pts"),
-    else the start of its text (a findings table written before the numbers were recorded)."""
+    """A replicate's headline number as short text: with its interval in brackets ("1.21× [1.01, 1.48]",
+    "+2.7 [−1.2, +6.4] points"), or with the range of its runs where low and high are the smallest and
+    largest run, not an interval ("+31.4 points (runs +30.7 to +32.0)"); else the start of its text (a
+    findings table written before the numbers were recorded)."""
     v, lo, hi = (row.get(f"{label} {k}", np.nan) for k in ("value", "low", "high"))
     if pd.isna(v):
         text = str(row[label])[2:]
@@ -634,13 +631,17 @@ def _headline(row: pd.Series, label: str) -> str:
         fmt, suffix = (lambda x: f"{x:+.1f}"), " steps"  # noqa: E731
     elif unit.startswith("resyncs"):
         suffix = " resyncs a run"
-    text = fmt(v) + (f" [{fmt(lo).rstrip('×')}, {fmt(hi)}]" if not pd.isna(lo) else "")
-    return text + suffix
+    if pd.isna(lo):
+        return fmt(v) + suffix
+    if "smallest and largest" in unit or "fewest, most" in unit:  # a range of runs, not an interval
+        return f"{fmt(v)}{suffix} (runs {fmt(lo)} to {fmt(hi)})"
+    return fmt(v) + f" [{fmt(lo).rstrip('×')}, {fmt(hi)}]" + suffix
 
 
 def findings(findings: pd.DataFrame) -> Figure:
     """The paper's findings against this study at a glance: per finding the paper's value, each
-    replicate's headline number on a green (holds) or red (fails) ground, the verdict; beside it the
+    replicate's headline number on a green (seen), red (contradicted), yellow (undecided) or grey
+    (cannot tell) ground, the verdict; beside it the
     noise-floor multiples on one log axis, each replicate's mean and 95 % interval against the
     paper's value (a red diamond)."""
     from .findings_docs import category, replicate_columns
@@ -686,14 +687,15 @@ def findings(findings: pd.DataFrame) -> Figure:
     forest.axvline(A.LEAVE_FLOOR_RATIO, **REFERENCE_LINE, ls="--")
     forest.set(xscale="log", ylim=(n + 0.2, -1.1), yticks=[i for i, _ in rows], yticklabels=[r["finding"] for _, r in rows],
                xlabel="noise-floor multiple M (× floor, log scale)", title="M: this study against the paper")
-    handles = [Line2D([], [], ls="none", marker="o", color=colours[k % 4], label=f"{lab}: mean [95 % CI]") for k, lab in enumerate(reps)]
+    handles = [Line2D([], [], ls="none", marker="o", color=colours[k % 4], label=f"{lab}: mean [95 % t-interval]")
+               for k, lab in enumerate(reps)]
     handles += [Line2D([], [], ls="none", marker="D", mfc="none", color=PAPER_COLOUR, label="the paper's M"),
                 Line2D([], [], **_ref_handle(":"), label="1× floor"), Line2D([], [], **_ref_handle("--"), label="2× floor")]
     fig.legend(handles=handles, loc="outside lower right", ncols=3, frameon=False, fontsize=8)
     rules = sorted(set(findings["rules"].astype(str))) if "rules" in findings else ["not recorded"]
     machine = sorted(set(findings["machine"].astype(str))) if "machine" in findings else ["not recorded"]
-    _title(fig, "The paper's findings against this study: each replicate's headline number on green where its rule holds, red where it "
-                "fails; the verdict (seen: holds in every replicate)",
+    _title(fig, "The paper's findings against this study: each replicate's headline number on green where it is seen, red where "
+                "contradicted, yellow where its seeds cannot tell; the verdict over the replicates",
            f"rules of commit {', '.join(rules)}, computed on {', '.join(machine)}; the numbers, rules and margins: "
            "paper_tables/findings.md, docs/method.md#findings-and-replicates")
     return fig

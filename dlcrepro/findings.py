@@ -1,12 +1,17 @@
 """The paper's findings checked by stated rules, separately in each replicate (a group of seeds).
 
-A finding counts as *seen* only where its rule holds in every replicate; one that holds in some
-replicates and not in others is *not replicated*, one whose rule fails everywhere is *not seen*. The
-rules compare cell means through their 95 % bootstrap intervals (analysis.multiple_bootstrap,
-analysis.mean_bootstrap), so an ordering counts only when the intervals exclude the opposite one,
-and an agreement ("matches", "within 2x") only when the whole interval lies inside a margin stated
-here (F4_MARGIN_POINTS, F8_MARGIN_MULTIPLE) and justified in docs/method.md#margins. A finding seen
-on one kind of CPU and not on another is *seen on one machine* (`across_machines`).
+A rule reads an interval over seeds (intervals.t_interval: a cell's M, a cell's mean, a paired
+difference by seed) against the paper's side of a bound and says one of three things
+(docs/method.md#three-verdicts): *seen* (the whole interval on the paper's side), *contradicted* (the
+whole interval on the other side) or *undecided* (it straddles the bound: these seeds cannot tell),
+with, for an undecided interval, the number of seeds that would decide it at the observed spread
+(intervals.seeds_needed). An agreement ("matches", "within 2x") is seen only with its whole interval
+inside a margin stated here (F4_MARGIN_POINTS, F8_MARGIN_MULTIPLE) and justified in
+docs/method.md#margins. A rule over every run (R, F1, F2, F9) is seen where every run holds,
+contradicted where none does, undecided where some do; a rule on pooled points (M, F11, F12) is
+seen or contradicted. Over the replicates: seen (seen in each), contradicted (in each), not
+replicated (seen in one, contradicted in another), undecided (otherwise). A finding seen on one
+kind of CPU and not on another is *seen on one machine* (`across_machines`).
 The rules are fixed by the commit RULES_COMMIT names; the findings table cites it.
 Functions from tables to tables, like analysis.py.
 """
@@ -15,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from . import analysis as A
+from . import intervals as I
 
 RISE_POINTS = 0.10  # the on-policy reference must gain this much accuracy in every run
 # F4, "centring matches on-policy accuracy": the paired difference's whole 95 % interval within
@@ -36,8 +41,15 @@ F8_MARGIN_MULTIPLE = 2.0
 # batch: with one, `ppo` is `pg` bit for bit (grid.SAME_AS), and F7 would report pg's multiple.
 PAPER_PPO = "ppo_multi"
 # The commit whose message starts "Rules for the rerun:": the rules below as they were fixed before
-# the tiny study was rerun. Filled in by the commit after it; the findings table cites it.
-RULES_COMMIT = "69b9542"
+# the tiny study is rerun. Filled in by the commit after it; the findings table cites it. The first
+# such commit was 69b9542 (equivalence margins for F4 and F8, F7 on ppo_multi, verdicts across CPU
+# kinds); the second, of issue #55, set t-intervals over seeds, paired differences for orderings and
+# three verdicts (docs/method.md#rules-and-which-numbers-were-known-when).
+RULES_COMMIT = "4e6774791f"  # ten hex digits: "4e67747" alone reads back from a CSV as the float 4e+67747 (inf)
+
+SEEN, CONTRADICTED, UNDECIDED = I.SEEN, I.CONTRADICTED, I.UNDECIDED
+CANNOT_TELL = "cannot tell"  # the rule has nothing to read (not in the grid, no collapse point)
+MARK = {SEEN: "✓", CONTRADICTED: "✗", UNDECIDED: "?", CANNOT_TELL: "–"}
 
 
 @dataclass
@@ -46,45 +58,68 @@ class Replicate:
 
     steps: pd.DataFrame
     per_run: pd.DataFrame
-    multiple: pd.DataFrame  # per cell: mean, ci_low, ci_high of M
-    accuracy: pd.DataFrame  # per cell: mean, ci_low, ci_high of the final accuracy
+    multiple: pd.DataFrame  # per cell: mean, ci_low, ci_high, sd of M (analysis.multiple_interval)
+    accuracy: pd.DataFrame  # per cell: mean, ci_low, ci_high, sd of the final accuracy (analysis.mean_interval)
     drops: pd.DataFrame  # accuracy drops of distinct (non-copied) runs
     n_boot: int
 
     def cell(self, table: pd.DataFrame, sampler: str, correction: str) -> dict | None:
+        """`table`'s row of one cell as a dict, None where the cell is not in the grid."""
         r = table.loc[(table["sampler"] == sampler) & (table["correction"] == correction)]
         return None if r.empty else r.iloc[0].to_dict()
 
     def runs(self, sampler: str, correction: str) -> pd.DataFrame:
+        """The per-run rows of one cell, by seed."""
         return self.per_run.loc[(self.per_run["sampler"] == sampler) & (self.per_run["correction"] == correction)].sort_values("seed")
+
+    def paired(self, col: str, a: tuple[str, str], b: tuple[str, str]) -> dict | None:
+        """The paired-by-seed difference of a per-run column, cell a minus cell b, over the seeds where
+        both have a value: its t-interval (mean, ci_low, ci_high, sd, n). Pairing by seed is how the
+        runs were made: a seed's cells share θ_0, the prompts and a lagged sampler's batches."""
+        x, y = self.runs(*a), self.runs(*b)
+        if x.empty or y.empty:
+            return None
+        m = x[["seed", col]].merge(y[["seed", col]], on="seed", suffixes=("", "_b"))
+        mean, lo, hi, sd, n = I.t_interval((m[col] - m[f"{col}_b"]).to_numpy(float))
+        return {"mean": mean, "ci_low": lo, "ci_high": hi, "sd": sd, "n": n}
 
 
 @dataclass(frozen=True)
 class Result:
-    """What one replicate shows for a finding: the text, whether the rule holds (None: cannot tell),
-    and its headline number with a 95 % interval where it has one (NaN where not): the number the
-    summary figure sets beside the paper's, in the finding's `unit`."""
+    """What one replicate shows for a finding: the text, the verdict (seen, contradicted, undecided,
+    cannot tell), its headline number with its interval where it has one (NaN where not: the number
+    the summary figure sets beside the paper's, in the finding's `unit`) and, for an undecided
+    interval, the seeds that would decide it at the observed spread (NaN: none would, or no interval)."""
 
     text: str
-    holds: bool | None
+    verdict: str
     value: float = math.nan
     low: float = math.nan
     high: float = math.nan
+    seeds_needed: float = math.nan
 
 
-NOT_IN_GRID = Result("not in this grid", None)
+NOT_IN_GRID = Result("not in this grid", CANNOT_TELL)
 
 
 def _f(x, d=3) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{d}g}"
 
 
-def _ci(c: dict | None, unit="x") -> str:
-    return "n/a" if c is None else f"{_f(c['mean'])}{unit} [{_f(c['ci_low'])}, {_f(c['ci_high'])}]"
+def _ci(c: dict | None, unit="x", margins=()) -> str:
+    """"1.21x [0.719, 2.005]": a mean and its interval, each end printed on its side of `margins`."""
+    if c is None:
+        return "n/a"
+    return f"{I.apart(c['mean'], margins)}{unit} [{I.apart(c['ci_low'], margins)}, {I.apart(c['ci_high'], margins)}]"
 
 
 def _pct(c: dict | None) -> str:
     return "n/a" if c is None else f"{100 * c['mean']:.1f} % [{100 * c['ci_low']:.1f}, {100 * c['ci_high']:.1f}]"
+
+
+def _signed(x: float, margins=()) -> str:
+    text = I.apart(x, margins)
+    return text if text.startswith("-") or text == "n/a" else "+" + text
 
 
 def _seeds(runs: pd.DataFrame, col: str) -> str:
@@ -99,9 +134,26 @@ def _diverged(runs: pd.DataFrame) -> str:
     return f"; {len(at)} of {len(runs)} runs diverged (step{'s' if len(at) > 1 else ''} {', '.join(map(str, at))}), M over their steps before"
 
 
-def _multiple(c: dict, text: str, holds: bool | None) -> Result:
+def judged(c: dict, lower: float = -math.inf, upper: float = math.inf) -> tuple[str, float]:
+    """An interval `c` (mean, ci_low, ci_high, sd) against the region [lower, upper] on the paper's
+    side: its verdict (intervals.side) and, where undecided, the seeds that would decide it at this
+    mean and spread (NaN where none would)."""
+    verdict = I.side(c["ci_low"], c["ci_high"], lower, upper)
+    need = I.seeds_needed(c["mean"], c.get("sd", math.nan), [lower, upper]) if verdict == UNDECIDED else None
+    return verdict, math.nan if need is None else float(need)
+
+
+def every_run(each: list[bool]) -> str:
+    """A rule over every run: seen where each run holds, contradicted where none does, undecided where
+    some do (the runs straddle the rule); cannot tell without runs."""
+    if not each:
+        return CANNOT_TELL
+    return SEEN if all(each) else CONTRADICTED if not any(each) else UNDECIDED
+
+
+def _multiple(c: dict, text: str, verdict: str, need: float = math.nan) -> Result:
     """A Result whose headline is cell `c`'s M with its interval."""
-    return Result(text, holds, c["mean"], c["ci_low"], c["ci_high"])
+    return Result(text, verdict, c["mean"], c["ci_low"], c["ci_high"], need)
 
 
 # ----------------------------------------------------------------------------- the rules, one per finding
@@ -114,7 +166,8 @@ def reference_learns(r: Replicate) -> Result:
     rise = runs["final_test_accuracy"] - runs["initial_test_accuracy"]
     text = "rise per seed " + "/".join(f"{100 * v:+.1f}" for v in rise) + " points (" + \
         "/".join(f"{100 * a:.1f}->{100 * b:.1f}" for a, b in zip(runs["initial_test_accuracy"], runs["final_test_accuracy"])) + " %)"
-    return Result(text, bool((rise >= RISE_POINTS).all()), 100 * float(rise.mean()), 100 * float(rise.min()), 100 * float(rise.max()))
+    return Result(text, every_run(list(rise >= RISE_POINTS)), 100 * float(rise.mean()), 100 * float(rise.min()),
+                  100 * float(rise.max()))
 
 
 def mechanism(r: Replicate) -> Result:
@@ -128,7 +181,8 @@ def mechanism(r: Replicate) -> Result:
     d_ratio = late(fp8, "discrepancy_mean_abs") / early(fp8, "discrepancy_mean_abs")
     lag0, lag1 = early(stale, "lag_mean_abs"), late(stale, "lag_mean_abs")
     text = f"fp8 mean |δ| first/last 5 steps {_f(early(fp8, 'discrepancy_mean_abs'))}/{_f(late(fp8, 'discrepancy_mean_abs'))}; stale mean |λ| {_f(lag0)}/{_f(lag1)}"
-    return Result(text, bool(2 / 3 <= d_ratio <= 3 / 2 and lag1 > 3 * lag0), lag1 / lag0 if lag0 > 0 else math.nan)
+    holds = 2 / 3 <= d_ratio <= 3 / 2 and lag1 > 3 * lag0
+    return Result(text, SEEN if holds else CONTRADICTED, lag1 / lag0 if lag0 > 0 else math.nan)
 
 
 def _collapse_step(r: Replicate, sampler: str, correction: str) -> dict[int, float]:
@@ -144,45 +198,49 @@ def f1_is_fails_past_half(r: Replicate) -> Result:
     cross = dict(zip(runs["seed"], runs["ess_crossing_step"]))
     text = f"ESS < 1/2 at {_seeds(runs, 'ess_crossing_step')}; collapses at " + "/".join(_f(collapse.get(k, math.nan)) for k in runs["seed"])
     each = [not math.isnan(cross[k]) and k in collapse and collapse[k] >= cross[k] for k in runs["seed"]]
-    return Result(text, all(each), float(np.mean(each)))
+    return Result(text, every_run(each), float(np.mean(each)))
 
 
 def f2_crossing_vs_gaussian(r: Replicate) -> Result:
+    """Per run: the empirical crossing before the Gaussian one (a Gaussian that never crosses counts
+    as later; a run that never crosses does not hold)."""
     runs = r.runs("stale", "is")
     if runs.empty:
         return NOT_IN_GRID
     e, g = runs["ess_crossing_step"].to_numpy(float), runs["ess_gauss_crossing_step"].to_numpy(float)
     text = f"empirical {_seeds(runs, 'ess_crossing_step')} vs Gaussian {_seeds(runs, 'ess_gauss_crossing_step')}"
-    with warnings.catch_warnings():  # a run that never crosses: its difference is NaN, left out of the mean
-        warnings.simplefilter("ignore", RuntimeWarning)
-        lead = float(np.nanmean(e - g)) if len(e) else math.nan
-    if np.isnan(e).any():
-        return Result(text, False, lead)
-    return Result(text, bool(np.all(e < np.where(np.isnan(g), np.inf, g))), lead)
+    lead = e - g
+    lead = float(np.mean(lead[~np.isnan(lead)])) if (~np.isnan(lead)).any() else math.nan  # runs that never cross left out
+    each = [bool(not math.isnan(a) and a < (b if b == b else math.inf)) for a, b in zip(e, g)]
+    return Result(text, every_run(each), lead)
 
 
 def f3_fp8_pg_above_floor(r: Replicate) -> Result:
+    """fp8/pg's M interval above 1 and the paired (by seed) difference of M, pg − center, above 0."""
     pg, center = r.cell(r.multiple, "fp8", "pg"), r.cell(r.multiple, "fp8", "center")
-    if pg is None or center is None:
+    diff = r.paired("noise_floor_multiple", ("fp8", "pg"), ("fp8", "center"))
+    if pg is None or center is None or diff is None:
         return NOT_IN_GRID
-    return _multiple(pg, f"pg {_ci(pg)}, center {_ci(center)}", bool(pg["ci_low"] > 1 and pg["ci_low"] > center["ci_high"]))
+    (v1, n1), (v2, n2) = judged(pg, lower=1.0), judged(diff, lower=0.0)
+    text = f"pg {_ci(pg, margins=[1.0])}, center {_ci(center)}; pg − center {_ci(diff, '', [0.0])}"
+    need = max((n for n in (n1, n2) if n == n), default=math.nan)  # the undecided part's (NaN: none decides it)
+    return _multiple(pg, text, I.combine([v1, v2]), need)
 
 
 def f4_fp8_center_matches_on_policy(r: Replicate) -> Result:
-    """Equivalence, not a failed difference test: the whole interval of the paired difference
-    inside ±F4_MARGIN_POINTS (an interval merely containing 0 is absence of evidence)."""
-    c, ref = r.runs("fp8", "center"), r.runs(*A.REFERENCE)
-    if c.empty or ref.empty:
+    """Equivalence, not a failed difference test: the whole t-interval of the paired difference
+    inside ±F4_MARGIN_POINTS (an interval merely containing 0 is absence of evidence); the whole
+    interval outside the margin contradicts it."""
+    d = r.paired("final_test_accuracy", ("fp8", "center"), A.REFERENCE)
+    if d is None:
         return NOT_IN_GRID
-    paired = c[["seed", "final_test_accuracy"]].merge(ref[["seed", "final_test_accuracy"]], on="seed", suffixes=("", "_ref"))
-    diff = (paired["final_test_accuracy"] - paired["final_test_accuracy_ref"]).to_numpy(float)
-    rng = np.random.default_rng(0)
-    boots = diff[rng.integers(len(diff), size=(r.n_boot, len(diff)))].mean(1)
-    lo, hi = np.percentile(boots, [2.5, 97.5])
+    verdict, need = judged(d, -F4_MARGIN_POINTS, F4_MARGIN_POINTS)
     margin = 100 * F4_MARGIN_POINTS
+    pts = [-margin, margin]
     text = (f"center {_pct(r.cell(r.accuracy, 'fp8', 'center'))} vs bf16/pg {_pct(r.cell(r.accuracy, *A.REFERENCE))} pool accuracy; "
-            f"paired difference {100 * diff.mean():+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] points, margin ±{margin:.0f}")
-    return Result(text, bool(-F4_MARGIN_POINTS <= lo and hi <= F4_MARGIN_POINTS), 100 * float(diff.mean()), 100 * float(lo), 100 * float(hi))
+            f"paired difference {_signed(100 * d['mean'], pts)} [{_signed(100 * d['ci_low'], pts)}, "
+            f"{_signed(100 * d['ci_high'], pts)}] points, margin ±{margin:.0f}")
+    return Result(text, verdict, 100 * d["mean"], 100 * d["ci_low"], 100 * d["ci_high"], need)
 
 
 def _above_floor(sampler: str, correction: str, factor: float = 2.0) -> Callable[[Replicate], Result]:
@@ -190,30 +248,45 @@ def _above_floor(sampler: str, correction: str, factor: float = 2.0) -> Callable
         m = r.cell(r.multiple, sampler, correction)
         if m is None:
             return NOT_IN_GRID
-        text = f"{_ci(m)}, pool accuracy {_pct(r.cell(r.accuracy, sampler, correction))}{_diverged(r.runs(sampler, correction))}"
-        return _multiple(m, text, bool(m["ci_low"] > factor))
+        accuracy = _pct(r.cell(r.accuracy, sampler, correction))
+        text = f"{_ci(m, margins=[factor])}, pool accuracy {accuracy}{_diverged(r.runs(sampler, correction))}"
+        return _multiple(m, text, *judged(m, lower=factor))
 
+    rule.__doc__ = f"{sampler}/{correction}'s M interval above {factor:g}."
     return rule
 
 
-def f6_is_center_below_center(r: Replicate) -> Result:
-    ic, c = r.cell(r.multiple, "stale", "is_center"), r.cell(r.multiple, "stale", "center")
-    if ic is None or c is None:
+def _below(r: Replicate, sampler: str, a: str, b: str) -> Result:
+    """Cell a's M below cell b's: the paired (by seed) difference of M, a − b, below 0; the headline
+    is a's M."""
+    ma, mb = r.cell(r.multiple, sampler, a), r.cell(r.multiple, sampler, b)
+    diff = r.paired("noise_floor_multiple", (sampler, a), (sampler, b))
+    if ma is None or mb is None or diff is None:
         return NOT_IN_GRID
-    text = f"is_center {_ci(ic)}, {_pct(r.cell(r.accuracy, 'stale', 'is_center'))}; center {_ci(c)}"
-    return _multiple(ic, text, bool(ic["ci_high"] < c["ci_low"]))
+    text = f"{a} {_ci(ma)}, {_pct(r.cell(r.accuracy, sampler, a))}; {b} {_ci(mb)}; {a} − {b} {_ci(diff, '', [0.0])}"
+    return _multiple(ma, text, *judged(diff, upper=0.0))
+
+
+def f6_is_center_below_center(r: Replicate) -> Result:
+    return _below(r, "stale", "is_center", "center")
 
 
 def f8_dlc_within_two(r: Replicate) -> Result:
     """Equivalence with the paper's margin: the whole interval of M at or below F8_MARGIN_MULTIPLE,
-    and every run finished with a multiple (a diverged run's M is truncated, so it cannot vouch)."""
+    and every run finished with a multiple. A diverged run left the floor for good: contradicted,
+    whatever its M before (a truncated M cannot vouch for the run); a run without a multiple leaves
+    it undecided."""
     m = r.cell(r.multiple, "stale", "dlc")
     if m is None:
         return NOT_IN_GRID
     runs = r.runs("stale", "dlc")
-    whole = bool(runs["diverged_at_step"].isna().all() and runs["noise_floor_multiple"].notna().all())
-    text = f"{_ci(m)}, pool accuracy {_pct(r.cell(r.accuracy, 'stale', 'dlc'))}, margin {F8_MARGIN_MULTIPLE:g}x{_diverged(runs)}"
-    return _multiple(m, text, bool(whole and m["ci_high"] <= F8_MARGIN_MULTIPLE))
+    text = (f"{_ci(m, margins=[F8_MARGIN_MULTIPLE])}, pool accuracy {_pct(r.cell(r.accuracy, 'stale', 'dlc'))}, "
+            f"margin {F8_MARGIN_MULTIPLE:g}x{_diverged(runs)}")
+    if runs["diverged_at_step"].notna().any():
+        return _multiple(m, text, CONTRADICTED)
+    if runs["noise_floor_multiple"].isna().any():
+        return _multiple(m, text + "; a run without a multiple", UNDECIDED)
+    return _multiple(m, text, *judged(m, upper=F8_MARGIN_MULTIPLE))
 
 
 def f9_dlc_resyncs(r: Replicate) -> Result:
@@ -222,15 +295,12 @@ def f9_dlc_resyncs(r: Replicate) -> Result:
         return NOT_IN_GRID
     lists = [json.loads(x) for x in runs["resync_steps"]]
     counts = [len(x) for x in lists]
-    return Result(" | ".join(", ".join(map(str, x)) or "none" for x in lists), all(n >= 1 for n in counts),
+    return Result(" | ".join(", ".join(map(str, x)) or "none" for x in lists), every_run([n >= 1 for n in counts]),
                   float(np.mean(counts)), float(min(counts)), float(max(counts)))
 
 
 def f10_resync_rescues_is(r: Replicate) -> Result:
-    a, b = r.cell(r.multiple, "stale", "is"), r.cell(r.multiple, "stale", "is_resync")
-    if a is None or b is None:
-        return NOT_IN_GRID
-    return _multiple(b, f"{_ci(a)} -> {_ci(b)}", bool(b["ci_high"] < a["ci_low"]))
+    return _below(r, "stale", "is_resync", "is")
 
 
 def f11_off_support_at_collapse(r: Replicate) -> Result:
@@ -243,8 +313,8 @@ def f11_off_support_at_collapse(r: Replicate) -> Result:
     n = int(t.loc["without", "collapse_points"]) if "without" in t.index else 0
     text = f"at collapse {_f(at)} (n={n}), before <= {_f(before)}; with resync <= {_f(with_resync)}"
     if math.isnan(at):
-        return Result(text, None)
-    return Result(text, bool(at > 2 * before and (math.isnan(with_resync) or with_resync < at)), at)
+        return Result(text, CANNOT_TELL)
+    return Result(text, SEEN if at > 2 * before and (math.isnan(with_resync) or with_resync < at) else CONTRADICTED, at)
 
 
 def f12_kl_blind_at_collapse(r: Replicate) -> Result:
@@ -253,20 +323,36 @@ def f12_kl_blind_at_collapse(r: Replicate) -> Result:
     t = A.off_support_summary(r.drops)
     t = t.loc[(t["model"] == "pooled") & (t["resync"] == "without")]
     if t.empty or math.isnan(t["kl_sampler_at_collapse_mean"].iloc[0]):
-        return Result("no collapse point", None)
+        return Result("no collapse point", CANNOT_TELL)
     at, lo, hi = (float(t[c].iloc[0]) for c in ("kl_sampler_at_collapse_mean", "kl_sampler_healthy_min", "kl_sampler_healthy_max"))
-    return Result(f"{_f(at)} at collapse vs healthy [{_f(lo)}, {_f(hi)}]", bool(at <= hi), at / hi if hi > 0 else math.nan)
+    return Result(f"{_f(at)} at collapse vs healthy [{_f(lo)}, {_f(hi)}]", SEEN if at <= hi else CONTRADICTED,
+                  at / hi if hi > 0 else math.nan)
 
 
 def f13_off_support_predicts_drop(r: Replicate) -> Result:
+    """ρ(off-support) − ρ(M) above 0: a percentile bootstrap over the distinct runs, resampled until
+    each end's Monte-Carlo error is below a tenth of its distance to 0 (analysis.bootstrap_runs); an
+    end still within that error of 0 leaves it undecided. Seeds that would decide it: the interval's
+    half-width scaled as 1/√(runs), an approximation (the t formula needs per-seed values)."""
     if r.drops.empty:
         return NOT_IN_GRID
     pairs = r.drops.merge(A.cumulative_multiple(r.steps), on=A.RUN + ["step"], how="left")
     ro = A.spearman(pairs["off_support"].to_numpy(float), pairs["drop"].to_numpy(float))
     rm = A.spearman(pairs["multiple_to_step"].to_numpy(float), pairs["drop"].to_numpy(float))
-    d, lo, hi = A.spearman_difference(pairs, "off_support", "multiple_to_step", "drop", r.n_boot)
-    text = f"{_f(ro, 2)} vs {_f(rm, 2)}; difference {_f(d, 2)} [{_f(lo, 2)}, {_f(hi, 2)}] ({pairs.groupby(A.RUN).ngroups} distinct runs)"
-    return Result(text, None if math.isnan(lo) else bool(lo > 0), d, lo, hi)
+    b = A.spearman_difference(pairs, "off_support", "multiple_to_step", "drop", r.n_boot, margins=[0.0])
+    text = (f"{_f(ro, 2)} vs {_f(rm, 2)}; difference {I.apart(b.value, [0.0])} [{I.apart(b.low, [0.0])}, "
+            f"{I.apart(b.high, [0.0])}] ({pairs.groupby(A.RUN).ngroups} distinct runs, {b.resamples:,} resamples)")
+    if math.isnan(b.low):
+        return Result(text, CANNOT_TELL, b.value)
+    verdict = I.side(b.low, b.high, lower=0.0)
+    if verdict != UNDECIDED and min(abs(b.low), abs(b.high)) <= 10 * b.mc_error:
+        verdict, text = UNDECIDED, text + f"; an end within 10 Monte-Carlo errors ({_f(b.mc_error, 2)}) of 0"
+    need = math.nan
+    centre, half = (b.low + b.high) / 2, (b.high - b.low) / 2
+    seeds = r.per_run["seed"].nunique()
+    if verdict == UNDECIDED and centre != 0:
+        need = float(max(seeds + 1, math.ceil(seeds * (half / abs(centre)) ** 2)))
+    return Result(text, verdict, b.value, b.low, b.high, need)
 
 
 @dataclass(frozen=True)
@@ -281,54 +367,67 @@ class Finding:
     rule: Callable[[Replicate], Result]
     unit: str  # of Result.value: "x floor", "points", "steps", ...
     paper_value: float = math.nan
+    derived: str = ""  # how paper_value follows from the paper's words where the paper gives no such number ("" where it does)
 
 
 FINDINGS: list[Finding] = [
-    Finding("R", "on-policy bf16/pg learns", "46.5 % after 40 steps", f"every seed's pool accuracy rises >= {100 * RISE_POINTS:.0f} points over the run",
+    Finding("R", "on-policy bf16/pg learns", "not given (46.5 % is F4's)",
+            f"every seed's pool accuracy rises >= {100 * RISE_POINTS:.0f} points over the run",
             reference_learns, "points of pool accuracy gained (mean, smallest and largest run)"),
     Finding("M", "δ constant under fp8, λ growing under stale", "yes",
             "fp8 mean |δ| last/first 5 steps in [2/3, 3/2]; stale mean |λ| (no resync) last > 3x first", mechanism,
             "stale mean |λ|, last over first 5 steps"),
     Finding("F1", "IS fails once lag ESS < 1/2", "criterion",
             "every stale/is run crosses 1/2 and collapses (drop >= half the reference), never before its crossing", f1_is_fails_past_half,
-            "share of stale/is runs that cross, then collapse", 1.0),
+            "share of stale/is runs that cross, then collapse", 1.0, "derived: a criterion, read as every run"),
     Finding("F2", "stale: ESS crossing vs Gaussian prediction", "11 vs 14 (1.7B)",
             "every stale/is run crosses before the Gaussian prediction exp(-Var λ) does", f2_crossing_vs_gaussian,
-            "steps from the Gaussian crossing to the empirical one (mean)", -3.0),
-    Finding("F3", "fp8: PG multiple (corrections near the floor)", "PG 13x", "fp8/pg's M interval above 1 and above fp8/center's",
+            "steps from the Gaussian crossing to the empirical one (mean)", -3.0, "derived: 11 − 14 (1.7B)"),
+    Finding("F3", "fp8: PG multiple (corrections near the floor)", "PG 13x",
+            "fp8/pg's M t-interval above 1, and the paired (by seed) difference of M, pg − center, above 0",
             f3_fp8_pg_above_floor, "x floor", 13.0),
     Finding("F4", "fp8: center's pool accuracy matches on-policy", "46.5 %",
-            f"the paired (by seed) difference to bf16/pg: its whole interval within ±{100 * F4_MARGIN_POINTS:.0f} points",
-            f4_fp8_center_matches_on_policy, "points of pool accuracy, center minus bf16/pg", 0.0),
-    Finding("F5", "stale: center multiple, accuracy", "32x, 12.2 %", "stale/center's M interval above 2", _above_floor("stale", "center"),
+            f"the paired (by seed) difference to bf16/pg: its whole t-interval within ±{100 * F4_MARGIN_POINTS:.0f} points",
+            f4_fp8_center_matches_on_policy, "points of pool accuracy, center minus bf16/pg", 0.0,
+            "derived: \"matches\" read as 0"),
+    Finding("F5", "stale: center multiple, accuracy", "32x, 12.2 %", "stale/center's M t-interval above 2",
+            _above_floor("stale", "center"),
             "x floor", 32.0),
-    Finding("F6", "stale: is_center multiple, accuracy", "2.1x, 32.0 %", "stale/is_center's M interval below stale/center's",
+    Finding("F6", "stale: is_center multiple, accuracy", "2.1x, 32.0 %",
+            "the paired (by seed) difference of M, stale/is_center − stale/center, below 0",
             f6_is_center_below_center, "x floor", 2.1),
-    Finding("F7", f"stale: PPO multiple ({PAPER_PPO}: several SGD steps per batch)", "699x", f"stale/{PAPER_PPO}'s M interval above 2",
+    Finding("F7", f"stale: PPO multiple ({PAPER_PPO}: several SGD steps per batch)", "699x",
+            f"stale/{PAPER_PPO}'s M t-interval above 2",
             _above_floor("stale", PAPER_PPO), "x floor", 699.0),
     Finding("F8", "stale: DLC multiple", "<=2x (0.6B 1.9x)",
-            f"stale/dlc's whole M interval at or below {F8_MARGIN_MULTIPLE:g}, no run diverged", f8_dlc_within_two, "x floor", 1.9),
+            f"stale/dlc's whole M t-interval at or below {F8_MARGIN_MULTIPLE:g}, no run diverged", f8_dlc_within_two,
+            "x floor", 1.9),
     Finding("F9", "stale: DLC resync steps", "20, 35, 36 (once per run)", "every stale/dlc run resyncs at least once", f9_dlc_resyncs,
-            "resyncs per stale/dlc run (mean, fewest, most)", 1.0),
-    Finding("F10", "stale: IS vs IS + resync multiple", "115x -> 2.6x", "is_resync's M interval below is's", f10_resync_rescues_is,
+            "resyncs per stale/dlc run (mean, fewest, most)", 1.0, "derived: once per run (20, 35, 36)"),
+    Finding("F10", "stale: IS vs IS + resync multiple", "115x -> 2.6x",
+            "the paired (by seed) difference of M, stale/is_resync − stale/is, below 0", f10_resync_rescues_is,
             "x floor", 2.6),
     Finding("F11", "off-support share at collapse / before; with resync", "90 %, <=14 %, <=11 %",
             "mean at collapse > 2x the largest before (no resync), and above every with-resync value", f11_off_support_at_collapse,
             "off-support share at collapse points (mean)", 0.90),
     Finding("F12", "kl_sampler at collapse vs healthy runs' range", "within range", "mean kl_sampler at collapse <= the healthy runs' largest",
-            f12_kl_blind_at_collapse, "kl_sampler at collapse over the healthy runs' largest", 1.0),
+            f12_kl_blind_at_collapse, "kl_sampler at collapse over the healthy runs' largest", 1.0,
+            "derived: \"within range\" read as 1"),
     Finding("F13", "Spearman with the accuracy drop: off-support vs deviation", "0.80 vs 0.74",
-            "ρ(off-support) − ρ(M): interval above 0 (distinct runs only)", f13_off_support_predicts_drop, "ρ(off-support) − ρ(M)", 0.06),
+            "ρ(off-support) − ρ(M): its bootstrap interval over distinct runs above 0, ends settled to a tenth of their distance",
+            f13_off_support_predicts_drop, "ρ(off-support) − ρ(M)", 0.06, "derived: 0.80 − 0.74"),
 ]
 
 
 def replicate_context(steps: pd.DataFrame, runs: pd.DataFrame, n_boot: int) -> Replicate:
+    """What the rules read for one model and replicate: per-run aggregates, the cells' M and final
+    accuracy with their t-intervals over runs, and the accuracy drops of distinct runs."""
     pr = A.per_run(steps, runs)
     return Replicate(
         steps=steps,
         per_run=pr,
-        multiple=A.multiple_bootstrap(steps, n_boot),
-        accuracy=A.mean_bootstrap(pr, "final_test_accuracy", n_boot),
+        multiple=A.multiple_interval(steps, pr),
+        accuracy=A.mean_interval(pr, "final_test_accuracy"),
         drops=A.distinct_runs(A.accuracy_drops(steps), runs),
         n_boot=n_boot,
     )
@@ -338,13 +437,18 @@ def _label(seeds: list[int]) -> str:
     return "seeds " + ",".join(map(str, seeds))
 
 
+NUMBERS = ("value", "low", "high", "seeds needed")  # each replicate's numeric columns: `<label> value`, ...
+
+
 def findings_table(steps: pd.DataFrame, runs: pd.DataFrame, replicates: list[list[int]] | None = None, n_boot: int = 1000,
                    machine: str | None = None) -> pd.DataFrame:
     """One row per finding (and model): the paper's value, the rule, each replicate's numbers with
-    ✓/✗, and the verdict: seen (holds in every replicate), not replicated, not seen, or cannot tell,
-    naming any replicate none of whose seeds ran ("not run" in its column). Then, per replicate, the
-    headline number and its interval (`<label> value/low/high`) in the finding's `unit` beside the
-    paper's (`paper value`), the CPU kind that computed it (`machine`, `cpu_kind()` by default) and
+    its mark (✓ seen, ✗ contradicted, ? undecided, – cannot tell), the verdict over the replicates
+    (`verdict`; column `seen`), naming any replicate none of whose seeds ran ("not run" in its
+    column), and `seeds to decide`: for each undecided replicate, the seeds its interval would need
+    at the observed spread. Then, per replicate, the headline number and its interval
+    (`<label> value/low/high`) in the finding's `unit` beside the paper's (`paper value`) and
+    `<label> seeds needed`, the CPU kind that computed it (`machine`, `cpu_kind()` by default) and
     the commit of the rules (`rules`)."""
     replicates = replicates or [sorted(int(s) for s in runs["seed"].unique())]
     machine = machine or cpu_kind()
@@ -357,47 +461,94 @@ def findings_table(steps: pd.DataFrame, runs: pd.DataFrame, replicates: list[lis
             ctx.append(replicate_context(steps.loc[sel], runs.loc[rsel], n_boot) if rsel.any() else None)
         for f in FINDINGS:
             row = {"finding": f.id, "model": model, "what": f.what, "paper": f.paper, "rule": f.rule_text}
-            verdicts, numbers = [], {}
+            verdicts, numbers, needs = [], {}, []
             for seeds, c in zip(replicates, ctx):
                 label = _label(seeds)
                 if c is None:
                     row[label] = "not run"
                     verdicts.append("not run")
-                    numbers.update({f"{label} value": math.nan, f"{label} low": math.nan, f"{label} high": math.nan})
+                    numbers.update({f"{label} {k}": math.nan for k in NUMBERS})
                     continue
                 res = f.rule(c)
-                row[label] = f"{'✓' if res.holds else '✗' if res.holds is False else '?'} {res.text}"
-                verdicts.append(res.holds)
-                numbers.update({f"{label} value": res.value, f"{label} low": res.low, f"{label} high": res.high})
+                row[label] = f"{MARK[res.verdict]} {res.text}"
+                verdicts.append(res.verdict)
+                numbers.update({f"{label} value": res.value, f"{label} low": res.low, f"{label} high": res.high,
+                                f"{label} seeds needed": res.seeds_needed})
+                if res.verdict == UNDECIDED:
+                    needs.append(f"{label}: {int(res.seeds_needed) if res.seeds_needed == res.seeds_needed else 'n/a'}")
             row["seen"] = verdict(verdicts, [_label(seeds) for seeds in replicates])
-            row.update({"unit": f.unit, "paper value": f.paper_value, **numbers, "machine": machine,
+            row["seeds to decide"] = "; ".join(needs) or "—"
+            row.update({"unit": f.unit, "paper value": f.paper_value, "paper value derived": f.derived, **numbers,
+                        "machine": machine,
                         "rules": RULES_COMMIT or "uncommitted"})
             rows.append(row)
     return pd.DataFrame(rows)
 
 
-def verdict(holds: list, labels: list[str] | None = None) -> str:
-    """seen: holds in every replicate (at least two); not seen: fails in all that ran; not
-    replicated: holds in some, fails in others; cannot tell: a replicate could not decide. A
-    verdict over fewer replicates than asked for says which did not run (by `labels`, else how many):
-    "holds in 1 replicate (seeds 3,4,5 not run)"."""
-    ran = [h for h in holds if h != "not run"]
-    missing = [lab for lab, h in zip(labels, holds) if h == "not run"] if labels else []
-    not_run = len(holds) - len(ran)
+def verdict(verdicts: list[str], labels: list[str] | None = None) -> str:
+    """The verdict over the replicates that ran: seen (seen in each, at least two), contradicted
+    (contradicted in each), not replicated (seen in one, contradicted in another), undecided
+    (otherwise: a replicate's interval straddles the rule), cannot tell (a replicate had nothing to
+    read); with one replicate, "seen in 1 replicate" or "contradicted in 1 replicate". A verdict
+    over fewer replicates than asked for says which did not run (by `labels`, else how many):
+    "seen in 1 replicate (seeds 3,4,5 not run)"."""
+    ran = [v for v in verdicts if v != "not run"]
+    missing = [lab for lab, v in zip(labels, verdicts) if v == "not run"] if labels else []
+    not_run = len(verdicts) - len(ran)
     suffix = f" ({', '.join(missing) if missing else not_run} not run)" if not_run else ""
-    if not ran or any(h is None for h in ran):
-        return "cannot tell" + suffix
-    if all(h is True for h in ran):
-        return ("seen" if len(ran) >= 2 else "holds in 1 replicate") + suffix
-    if all(h is False for h in ran):
-        return "not seen" + suffix
-    return "not replicated" + suffix
+    if not ran or CANNOT_TELL in ran:
+        return CANNOT_TELL + suffix
+    for v in (SEEN, CONTRADICTED):
+        if all(x == v for x in ran):
+            return (v if len(ran) >= 2 else f"{v} in 1 replicate") + suffix
+    if SEEN in ran and CONTRADICTED in ran:
+        return "not replicated" + suffix
+    return UNDECIDED + suffix
 
 
 def replicates_not_run(table: pd.DataFrame) -> list[str]:
     """The replicate columns of a findings table in which no run of the grid fell ("seeds 3,4,5")."""
-    return [c for c in table.columns if c.startswith("seeds ") and not c.endswith((" value", " low", " high"))
-            and len(table) and (table[c] == "not run").all()]
+    return [c for c in replicate_columns(table) if len(table) and (table[c] == "not run").all()]
+
+
+def replicate_columns(table: pd.DataFrame) -> list[str]:
+    """A findings table's replicate columns ("seeds 0,1,2"), not their numbers ("seeds 0,1,2 value")."""
+    return [c for c in table.columns if c.startswith("seeds ") and not c.endswith(tuple(f" {k}" for k in NUMBERS))]
+
+
+# ----------------------------------------------------------------------------- what the findings read
+# The tables job writes these two tables beside findings.csv and computes the findings from them as
+# written, so findings.csv is a function of committed files (`python -m dlcrepro findings --from DIR`).
+
+FINDINGS_STEP_COLUMNS = ("step", "dev", "floor", "ess_lag", "ess_lag_presync", "ess_lag_gauss", "test_accuracy", "off_support",
+                         "kl_sampler", "resync", "discrepancy_mean_abs", "lag_mean_abs")
+FINDINGS_RUN_COLUMNS = ("final_test_accuracy", "initial_test_accuracy", "resync_steps", "diverged_at_step", "computed_as")
+
+
+def findings_input(steps: pd.DataFrame, runs: pd.DataFrame, replicates: list[list[int]] | None = None,
+                   machine: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The columns the rules read and nothing else: per run and step (RUN, FINDINGS_STEP_COLUMNS), and
+    per run (RUN, FINDINGS_RUN_COLUMNS) with the seed groups checked apart (`replicates`, "0,1,2 3,4,5",
+    the same on every row: a group none of whose seeds ran is kept) and the CPU kind that ran them
+    (`machine`). Sorted by run and step, so the same runs give the same tables."""
+    replicates = replicates or [sorted(int(s) for s in runs["seed"].unique())]
+    s = steps[A.RUN + [c for c in FINDINGS_STEP_COLUMNS if c in steps]].sort_values(A.RUN + ["step"])
+    r = runs[A.RUN + [c for c in FINDINGS_RUN_COLUMNS if c in runs]].sort_values(A.RUN)
+    r = r.assign(machine=machine or cpu_kind(), replicates=" ".join(",".join(map(str, g)) for g in replicates))
+    return s.reset_index(drop=True), r.reset_index(drop=True)
+
+
+def findings_from_input(steps: pd.DataFrame, runs: pd.DataFrame, n_boot: int = 1000) -> pd.DataFrame:
+    """`findings_table` of the tables `findings_input` made (as read back from their files), under
+    the replicates and CPU kind they record. `dev_ratio` (dev/floor, read only by the leave-floor step,
+    which no rule reads) is recomputed, not stored."""
+    replicates = [[int(x) for x in g.split(",")] for g in str(runs["replicates"].iloc[0]).split()]
+    machine = str(runs["machine"].iloc[0])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        steps = steps.assign(dev_ratio=steps["dev"] / steps["floor"].where(steps["floor"] > 0))
+    copied = runs["computed_as"].fillna("") if "computed_as" in runs else ""  # a blank cell reads back as NaN
+    runs = runs.drop(columns=["machine", "replicates"]).assign(computed_as=copied)
+    return findings_table(steps, runs, replicates, n_boot, machine)
 
 
 # ----------------------------------------------------------------------------- across machines
@@ -425,30 +576,41 @@ def cpu_kind(cpuinfo: str | None = None) -> str:
 
 
 def across_machines(table: pd.DataFrame, others: list[pd.DataFrame]) -> pd.DataFrame:
-    """The findings table with the verdicts other CPU kinds gave under the same rules: `seen` becomes
+    """The findings table with the verdicts other CPU kinds gave under the same rule: `seen` becomes
     "seen on one machine" where a finding is seen on some kinds and not on others, and
-    `other machines` says what each other kind gave ("x86-64 AVX2: not seen"). A table computed
-    under other rules (its `rules` differs) is named, not counted. `others` are findings.csv files
-    of the same grid from other machines (tables --other-machines)."""
+    `other machines` says what each other kind gave ("x86-64 AVX2: not seen"). A finding is compared
+    where the other table was made under the same rules commit or states the same rule, word for
+    word (a rule's text changes with what it computes: an interval rule names its interval); a
+    different rule is named, not counted. `others` are findings tables of the same grid from other
+    machines (tables --other-machines: their findings.csv, or their findings input recomputed)."""
     out = table.copy()
     notes = {i: [] for i in out.index}
-    seen_where = {i: [out.at[i, "seen"] == "seen"] for i in out.index}
+    seen_where = {i: [_is_seen(out.at[i, "seen"])] for i in out.index}
     for o in others:
         if "machine" not in o or "rules" not in o or o.empty:
             continue
         machine, rules = str(o["machine"].iloc[0]), str(o["rules"].iloc[0])
         if len(out) and machine == str(out["machine"].iloc[0]):
             continue  # the same kind: not another machine's evidence
-        theirs = o.set_index(["finding", "model"])["seen"]
+        theirs = o.set_index(["finding", "model"])
         for i in out.index:
             key = (out.at[i, "finding"], out.at[i, "model"])
-            if rules != str(out.at[i, "rules"]):
-                notes[i].append(f"{machine}: rules {rules} differ, not compared")
-            elif key in theirs.index:
-                notes[i].append(f"{machine}: {theirs[key]}")
-                seen_where[i].append(theirs[key] == "seen")
+            if key not in theirs.index:
+                continue
+            same_text = "rule" in theirs and str(theirs.at[key, "rule"]) == str(out.at[i, "rule"])
+            same = rules == str(out.at[i, "rules"]) or same_text
+            if not same:
+                notes[i].append(f"{machine}: rules {rules}, another rule, not compared")
+                continue
+            notes[i].append(f"{machine}: {theirs.at[key, 'seen']} (rules {rules})")
+            seen_where[i].append(_is_seen(theirs.at[key, "seen"]))
     for i in out.index:
         if 0 < sum(seen_where[i]) < len(seen_where[i]):
             out.at[i, "seen"] = SEEN_ON_ONE_MACHINE if sum(seen_where[i]) == 1 else f"seen on {sum(seen_where[i])} of {len(seen_where[i])} machines"
     out["other machines"] = ["; ".join(notes[i]) or "none compared" for i in out.index]
     return out
+
+
+def _is_seen(verdict) -> bool:
+    """Whether a verdict (of this table or an older one) is "seen" in every replicate that ran."""
+    return str(verdict).split(" (")[0] == SEEN

@@ -16,8 +16,13 @@ import pandas as pd
 
 from .util import atomic_write_text
 
-# verdict categories in the order a count lists them (findings.verdict, findings.across_machines)
-CATEGORIES = ("seen", "seen on one machine", "seen on k of n machines", "holds in 1 replicate", "not replicated", "not seen", "cannot tell")
+# verdict categories in the order a count lists them (findings.verdict, findings.across_machines); the
+# last three are the words of tables written before three verdicts (findings.csv without "seeds to decide")
+CATEGORIES = ("seen", "seen on one machine", "seen on k of n machines", "seen in 1 replicate", "contradicted",
+              "contradicted in 1 replicate", "not replicated", "undecided", "cannot tell", "holds in 1 replicate", "not seen")
+ALWAYS = ("seen", "contradicted", "undecided")  # counted even where 0
+ALWAYS_BEFORE = ("seen", "not replicated", "not seen")  # in a table written before three verdicts
+DECIDE = "seeds to decide"  # findings.findings_table's column: the seeds each undecided replicate would need
 BLOCK = re.compile(r"(<!-- begin ([\w-]+)[^>]*-->)(.*?)(<!-- end \2 -->)", re.S)
 GENERATED_BY = "generated from paper_tables/findings.csv by python -m dlcrepro docs; do not edit"
 
@@ -29,13 +34,17 @@ def category(verdict: str) -> str:
 
 
 def replicate_columns(findings: pd.DataFrame) -> list[str]:
-    return [c for c in findings.columns if c.startswith("seeds ") and not c.endswith((" value", " low", " high"))]
+    """The replicate columns of a findings table ("seeds 0,1,2"), its numeric columns left out."""
+    from .findings import replicate_columns as columns
+
+    return columns(findings)
 
 
 def count_text(findings: pd.DataFrame) -> str:
-    """"15 findings checked: 8 seen, 0 not replicated, 7 not seen" (other categories where present)."""
+    """"15 findings checked: 5 seen, 2 contradicted, 8 undecided" (other categories where present;
+    a table from before three verdicts: "8 seen, 0 not replicated, 7 not seen")."""
     n = Counter(category(v) for v in findings["seen"])
-    always = ("seen", "not replicated", "not seen")
+    always = ALWAYS if DECIDE in findings else ALWAYS_BEFORE
     parts = [f"{n.get(c, 0)} {c}" for c in CATEGORIES if c in always or n.get(c)]
     return f"{len(findings)} findings checked: " + ", ".join(parts)
 
@@ -57,15 +66,17 @@ def rules_text(findings: pd.DataFrame) -> str:
 
 
 def table_text(findings: pd.DataFrame, with_rule: bool = False) -> str:
-    """The findings table in Markdown: the finding, the paper's value, each replicate's ✓/✗ and
-    numbers as findings.csv has them, the verdict (bold where seen)."""
+    """The findings table in Markdown: the finding, the paper's value, each replicate's mark (✓ seen,
+    ✗ contradicted, ? undecided) and numbers as findings.csv has them, the verdict (bold where seen)
+    and, where the table has them, the seeds each undecided replicate would need."""
     reps = replicate_columns(findings)
-    head = ["", "paper", *(["rule"] if with_rule else []), *reps, "verdict"]
+    decide = [DECIDE] if DECIDE in findings else []
+    head = ["", "paper", *(["rule"] if with_rule else []), *reps, "verdict", *decide]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for _, r in findings.iterrows():
         label = f"{r['finding']}: {r['what']}" + (f" ({r['model']})" if findings["model"].nunique() > 1 else "")
         verdict = f"**{r['seen']}**" if category(r["seen"]) == "seen" else str(r["seen"])
-        cells = [label, r["paper"], *([r["rule"]] if with_rule else []), *(r[c] for c in reps), verdict]
+        cells = [label, r["paper"], *([r["rule"]] if with_rule else []), *(r[c] for c in reps), verdict, *(r[c] for c in decide)]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
 
@@ -106,7 +117,7 @@ def pages(root: Path) -> dict[Path, str]:
 
 def update(root: Path, findings_csv: Path) -> list[Path]:
     """Rewrite every page's generated blocks from `findings_csv`; the pages that changed."""
-    findings = pd.read_csv(findings_csv)
+    findings = pd.read_csv(findings_csv, dtype={"rules": str, "machine": str})  # a commit like 4e67747 is no number
     changed = []
     for page, method_link in pages(root).items():
         text = page.read_text(encoding="utf-8")

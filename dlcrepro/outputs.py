@@ -12,6 +12,7 @@ TABLES.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 # A kind of output: the formats each is written in, the one the report shows, the report's category.
 FORMATS = {"table": ("tex", "md", "csv"), "figure": ("pdf", "png")}
@@ -81,13 +82,33 @@ TABLES = (
     table("zoo"),
 )
 
+# What the findings read, written by the tables job beside the tables (tables.write_findings_input):
+# per run and step, and per run. findings.csv is computed from them as written, so
+# `python -m dlcrepro findings --from <tables_dir>` rebuilds it from these files alone.
+FINDINGS_INPUT = ("findings_steps.csv", "findings_runs.csv")
+
+
+def findings_input_files(directory) -> list[str]:
+    """The findings input's files in `directory` (the tables job's outputs beside TABLES')."""
+    return [f"{directory}/{name}" for name in FINDINGS_INPUT]
+
+
+def other_machine_files(tables_dir) -> list[str]:
+    """What other kinds of CPU give for the same grid, committed under <tables_dir>/other_machines/
+    (docs/method.md#across-machines): findings tables (`*.csv`), or a study's findings input in a
+    folder of its own (`<name>/findings_steps.csv`, `<name>/findings_runs.csv`: recomputed under the
+    current rules). Read by the tables job and by `findings --from`."""
+    d = Path(tables_dir) / "other_machines"
+    return sorted(str(p) for p in d.glob("*.csv")) + sorted(str(p) for name in FINDINGS_INPUT for p in d.glob(f"*/{name}"))
+
+
 # In the order figures.write_all draws them.
 FIGURES = (
     figure(
         "mismatch",
         "Mean absolute numerical discrepancy δ (left) and policy lag λ (right) per step and sampler, in nats per "
-        "token, averaged over the sampler's distinct runs that finished (a copied cell once), with the 95 % bootstrap "
-        "interval of that mean (resampling runs) as a band; a run that diverged ends in a cross and stays out of the "
+        "token, averaged over the sampler's distinct runs that finished (a copied cell once), with the 95 % t-interval "
+        "of that mean over runs as a band; a run that diverged ends in a cross and stays out of the "
         "mean and the axis limits: δ is the engine's rounding and stays roughly flat; λ grows while a stale sampler "
         "is not synced.",
     ),
@@ -136,12 +157,13 @@ FIGURES = (
     figure(
         "findings",
         "The paper's fifteen findings against this study, from the findings table (paper_tables/findings.csv): per "
-        "finding the paper's value, each replicate's headline number on a green ground where the finding's rule "
-        "holds and a red one where it fails, and the verdict (seen: holds in every replicate; an agreement only with "
-        "its whole interval inside the stated margin; seen on one machine: on one kind of CPU and not another). "
-        "Beside it the noise-floor multiples on one log axis: each replicate's mean with its 95 % bootstrap interval "
+        "finding the paper's value, each replicate's headline number on a green ground where it is seen, red where "
+        "contradicted, yellow where undecided (its interval straddles the rule), and the verdict (seen: seen in every "
+        "replicate; an agreement only with its whole interval inside the stated margin; seen on one machine: on one "
+        "kind of CPU and not another). Beside it the noise-floor multiples on one log axis: each replicate's mean "
+        "with its 95 % t-interval over seeds "
         "against the paper's value (a red diamond). The title names the commit of the rules and the CPU kind that "
-        "computed them (docs/method.md#findings-and-replicates).",
+        "computed them (docs/method.md#three-verdicts).",
         reads="findings",
     ),
 )

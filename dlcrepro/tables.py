@@ -12,7 +12,8 @@ import pandas as pd
 
 from . import analysis as A
 from . import outputs
-from .findings import across_machines, findings_table, replicates_not_run
+from .findings import across_machines, findings_from_input, findings_input, replicates_not_run
+from .intervals import apart
 from .util import DamagedFileError, atomic_write_text
 
 # PAPER.md's numbers by cell. The paper does not say which model F3–F7 and F10 refer to, so they
@@ -51,10 +52,12 @@ def _mean_sd(mean, sd, digits=3):
     return f"{_fmt(mean, digits)} ± {_fmt(sd, 2)}" if not (isinstance(sd, float) and math.isnan(sd)) else _fmt(mean, digits)
 
 
-def _ci_text(mean, lo, hi, digits=3):
+def _ci_text(mean, lo, hi, margins=()):
+    """"1.21 [0.719, 2.005]": a mean and its interval to 3 significant digits, more where fewer would
+    print an end on or across one of `margins` (intervals.apart); "n/a" without a mean."""
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return "n/a"
-    return f"{_fmt(mean, digits)} [{_fmt(lo, 2)}, {_fmt(hi, 2)}]"
+    return f"{apart(mean, margins)} [{apart(lo, margins)}, {apart(hi, margins)}]"
 
 
 DIVERGED_MARK = "†"  # beside a number that stops at a run's divergence (docs/method.md#diverged-runs)
@@ -65,25 +68,30 @@ def _marked(text: str, diverged: str) -> str:
     return text if diverged in ("none", "") or text == "n/a" else f"{text} {DIVERGED_MARK}"
 
 
-def noise_floor_table(steps: pd.DataFrame, pr: pd.DataFrame, n_boot: int = 1000) -> pd.DataFrame:
-    """Per cell: the mean over runs of M with its two-level bootstrap interval (runs, probe steps); a
-    cell with a diverged run is marked † (its M stops at the divergence) and names the runs and steps."""
-    b = A.multiple_bootstrap(steps, n_boot)
-    s = b.merge(A.cell_stats(pr, "noise_floor_multiple")[A.CELL + ["n_valid"]], on=A.CELL, how="left")
+M_MARGINS = (1.0, A.LEAVE_FLOOR_RATIO)  # the floor and "left the floor": an M interval's ends print on their side of both
+
+
+def noise_floor_table(steps: pd.DataFrame, pr: pd.DataFrame) -> pd.DataFrame:
+    """Per cell: the mean over runs of M with its 95 % t-interval over runs (analysis.multiple_interval),
+    the runs with a multiple among all the cell's runs, the probe steps that entered; a cell with a
+    diverged run is marked † (its M stops at the divergence) and names the runs and steps."""
+    s = A.multiple_interval(steps, pr)
     s = s.merge(diverged_runs(pr), on=A.CELL, how="left").fillna({"diverged": "none"})
-    s["M (mean [95 % CI])"] = [_marked(_ci_text(m, lo, hi), d) for m, lo, hi, d in zip(s["mean"], s["ci_low"], s["ci_high"], s["diverged"])]
+    s["M (mean [95 % CI])"] = [_marked(_ci_text(m, lo, hi, M_MARGINS), d)
+                               for m, lo, hi, d in zip(s["mean"], s["ci_low"], s["ci_high"], s["diverged"])]
     s["runs with a multiple"] = [f"{v}/{n}" for v, n in zip(s["n_valid"], s["n_runs"])]
     s["paper"] = [PAPER_MULTIPLE.get((a, b), "") for a, b in zip(s["sampler"], s["correction"])]
-    return s[A.CELL + ["M (mean [95 % CI])", "runs with a multiple", "probe_steps", "diverged", "paper", "mean", "ci_low", "ci_high"]]
+    shown = ["M (mean [95 % CI])", "runs with a multiple", "probe_steps", "probed_steps", "diverged", "paper"]
+    return s[A.CELL + shown + ["mean", "ci_low", "ci_high"]]
 
 
-def accuracy_table(pr: pd.DataFrame, n_boot: int = 1000, name: str = "test accuracy", heldout: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per cell: θ_0's and the final accuracy `name` measures (mean [95 % CI] over runs), the rise
+def accuracy_table(pr: pd.DataFrame, name: str = "test accuracy", heldout: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per cell: θ_0's and the final accuracy `name` measures (mean [95 % t-interval] over runs), the rise
     between them, each seed's final (a diverged run: 0, with its step), and beside them the held-out
     accuracy (greedy) at θ_0 and at the end where it was measured beside a pool accuracy
     (`heldout`: analysis.final_heldout)."""
     pr = pr.assign(rise=pr["final_test_accuracy"] - pr["initial_test_accuracy"])
-    fin, start, rise = (A.mean_bootstrap(pr, c, n_boot) for c in ("final_test_accuracy", "initial_test_accuracy", "rise"))
+    fin, start, rise = (A.mean_interval(pr, c) for c in ("final_test_accuracy", "initial_test_accuracy", "rise"))
     s = fin.merge(start, on=A.CELL, suffixes=("", "_start")).merge(rise, on=A.CELL, suffixes=("", "_rise"))
     s[f"{name} at step 0"] = [_fmt(m) for m in s["mean_start"]]
     s[f"{name}, final (mean [95 % CI])"] = [_ci_text(m, lo, hi) for m, lo, hi in zip(s["mean"], s["ci_low"], s["ci_high"])]
@@ -94,7 +102,7 @@ def accuracy_table(pr: pd.DataFrame, n_boot: int = 1000, name: str = "test accur
     s = s.merge(per_seed.reset_index(), on=A.CELL, how="left")
     shown = [f"{name} at step 0", f"{name}, final (mean [95 % CI])", "rise (mean [95 % CI])", "final per seed"]
     if heldout is not None and heldout["final_heldout"].notna().any():
-        h0, h1 = (A.mean_bootstrap(heldout.rename(columns={c: "x"}), "x", n_boot) for c in ("initial_heldout", "final_heldout"))
+        h0, h1 = (A.mean_interval(heldout.rename(columns={c: "x"}), "x") for c in ("initial_heldout", "final_heldout"))
         s[f"{A.HELDOUT_GREEDY} at step 0"] = s[A.CELL].merge(h0, on=A.CELL, how="left")["mean"].map(_fmt).to_numpy()
         h1 = s[A.CELL].merge(h1, on=A.CELL, how="left")
         s[f"{A.HELDOUT_GREEDY}, final (mean [95 % CI])"] = [_ci_text(m, lo, hi) for m, lo, hi in zip(h1["mean"], h1["ci_low"], h1["ci_high"])]
@@ -144,18 +152,21 @@ def off_support_table(drops: pd.DataFrame) -> pd.DataFrame:
     return t.rename(columns=OFF_SUPPORT_HEADERS)
 
 
-def zoo_table(steps: pd.DataFrame, pr: pd.DataFrame, n_boot: int = 1000, name: str = "test accuracy") -> pd.DataFrame:
+def zoo_table(steps: pd.DataFrame, pr: pd.DataFrame, name: str = "test accuracy") -> pd.DataFrame:
     """Per model × sampler, the grid's corrections ranked by M (lowest first: closest to on-policy
     training), beside their final accuracy (`name`) and its rank (highest first), and what each
     correction did to its tokens: the mean over steps of its truncated and dropped token shares, and
     its largest token weight over the runs (`corr_*` metrics columns; n/a for runs written before
-    them). Both ranks are over the cells whose runs all finished; a cell with a diverged run has no
-    rank ("—"), is listed after them and named with its runs and steps in `diverged` (its M stops at
-    the divergence, so ranking it beside full runs would compare a truncated measure)."""
-    m = noise_floor_table(steps, pr, n_boot)
-    acc = accuracy_table(pr, n_boot, name)
+    them). The rank by M is over the cells whose runs all finished with every probe step in M; a
+    cell with a diverged run, or with probe steps left out of M (a run that collapsed: floor 0 from
+    then on), has no rank ("—") and is listed after them, its probe steps in M beside the probed ones
+    (`probe steps in M`): ranking a truncated M beside full runs would compare different measures.
+    Equal means share a rank (a copied cell and its source). The rank by accuracy is over the cells
+    whose runs all finished."""
+    m = noise_floor_table(steps, pr)
+    acc = accuracy_table(pr, name)
     final = f"{name}, final (mean [95 % CI])"
-    t = m[A.CELL + ["M (mean [95 % CI])", "mean", "ci_low", "ci_high"]].merge(
+    t = m[A.CELL + ["M (mean [95 % CI])", "mean", "ci_low", "ci_high", "probe_steps", "probed_steps"]].merge(
         acc[A.CELL + [final, "mean"]].rename(columns={"mean": "accuracy_mean"}), on=A.CELL, how="outer")
     diag = {"corr_clipped_share": "mean", "corr_masked_share": "mean", "corr_weight_max": "max"}
     have = [c for c in diag if c in steps.columns]
@@ -164,19 +175,20 @@ def zoo_table(steps: pd.DataFrame, pr: pd.DataFrame, n_boot: int = 1000, name: s
     t["M (mean [95 % CI])"] = t["M (mean [95 % CI])"].fillna("n/a")  # a cell without a metrics row: every run diverged at step 1
     rows = []
     for _, g in t.groupby(["model", "sampler"], sort=True):
-        g = g.assign(_diverged=g["diverged"] != "none").sort_values(["_diverged", "mean", "correction"], na_position="last").copy()
-        finished = ~g["_diverged"]
-        g["rank by M"] = pd.array([pd.NA] * len(g), dtype="Int64")
-        g.loc[finished, "rank by M"] = list(range(1, int(finished.sum()) + 1))
+        finished = g["diverged"] == "none"
+        whole = finished & (g["probe_steps"] == g["probed_steps"]) & g["mean"].notna()
+        g = g.assign(_unranked=~whole).sort_values(["_unranked", "mean", "correction"], na_position="last").copy()
+        g["rank by M"] = g["mean"].where(whole).rank(method="min").astype("Int64")
         g["rank by accuracy"] = g["accuracy_mean"].where(finished).rank(ascending=False, method="min").astype("Int64")
-        rows.append(g.drop(columns="_diverged"))
+        rows.append(g.drop(columns="_unranked"))
     t = pd.concat(rows, ignore_index=True)
     t["truncated tokens"] = [_fmt(v) for v in t.get("corr_clipped_share", pd.Series(math.nan, index=t.index))]
     t["dropped tokens"] = [_fmt(v) for v in t.get("corr_masked_share", pd.Series(math.nan, index=t.index))]
     t["largest weight"] = [_fmt(v) for v in t.get("corr_weight_max", pd.Series(math.nan, index=t.index))]
     for col in ("rank by M", "rank by accuracy"):
         t[col] = [str(int(v)) if not pd.isna(v) else "—" for v in t[col]]
-    return t[["model", "sampler", "rank by M", "correction", "M (mean [95 % CI])", final, "rank by accuracy",
+    t["probe steps in M"] = [f"{int(a)} of {int(b)}" if b == b else "n/a" for a, b in zip(t["probe_steps"], t["probed_steps"])]
+    return t[["model", "sampler", "rank by M", "correction", "M (mean [95 % CI])", "probe steps in M", final, "rank by accuracy",
               "truncated tokens", "dropped tokens", "largest weight", "diverged", "mean", "ci_low", "ci_high"]]
 
 
@@ -303,10 +315,11 @@ def to_md(df: pd.DataFrame, caption: str) -> str:
 def csv_only(df: pd.DataFrame) -> list[str]:
     """The columns a table keeps for programs (the .csv) and leaves out of the .md and .tex: raw
     numbers its text columns already show, and the findings' headline numbers (the summary figure's)."""
-    numeric = ("mean", "sd", "ci_low", "ci_high", "unit", "paper value")
+    numeric = ("mean", "sd", "ci_low", "ci_high", "unit", "paper value", "paper value derived")
     said_in_caption = ("machine", "rules")  # the findings caption names them (one value per table)
     nothing_compared = "other machines" in df.columns and (df["other machines"] == "none compared").all()
-    return [c for c in df.columns if c in numeric + said_in_caption or (c.startswith("seeds ") and c.endswith((" value", " low", " high")))
+    per_replicate = (" value", " low", " high", " seeds needed")
+    return [c for c in df.columns if c in numeric + said_in_caption or (c.startswith("seeds ") and c.endswith(per_replicate))
             or (c == "other machines" and nothing_compared)]
 
 
@@ -365,26 +378,54 @@ DIVERGED = ("† a run that diverged: an update left its update direction or wei
             "10-fold with the engine's sync check then failing (docs/method.md#diverged-runs); its final accuracy counts as 0 and "
             "its M is over its probe steps before the divergence.")
 CAPTIONS = {
-    "noise_floor": "Deviation from on-policy training in multiples of the noise floor: per run M = sum dev / sum floor over its probe steps; "
-                   "per cell the mean over runs with a 95 % bootstrap interval (resampling runs, and probe steps within each run). " + DIVERGED,
-    "accuracy": "{measure}: of θ_0 and at the last step, and the rise between them, mean [95 % bootstrap interval over runs]; beside it, "
-                "where measured, the held-out accuracy (greedy) of the same runs. " + DIVERGED,
-    "ess_crossing": "First step with lag ESS < 1/2 (empirical, on the fresh batch), the step the Gaussian prediction exp(-Var lag) crosses, "
-                    "and the step `is` leaves the floor (3-step moving average of dev/floor > 2). " + DIVERGED,
-    "resync": "Steps at which each run with resync resynchronized its sampler. " + DIVERGED,
-    "off_support": "Off-support share (tokens of the trainer's own responses with probability < 1e-3 under the initial policy) before / at "
-                   "collapse points (accuracy drop >= half the bf16/pg reference), beside the sampler-side KL. Copied cells (computed_as) "
-                   "count once; a diverged run counts with its eval steps before the divergence.",
-    "spearman": "Spearman correlation with the accuracy drop over (run, eval step) pairs of non-reference runs, copied cells counted once, "
-                "a diverged run with its eval steps before the divergence; 95 % bootstrap intervals resample runs.",
-    "probe_density": "How the cells' M intervals narrow with probe steps: the same runs with only every k-th probe step kept (probes never change a run).",
-    "zoo": "The grid's corrections ranked per sampler by the noise-floor multiple M (mean over runs [95 % bootstrap interval]; rank 1 = "
-           "closest to on-policy training), beside the final {measure} (mean [95 % CI]) and its rank, the mean share of tokens each "
-           "correction truncated or dropped and its largest token weight. Ranks are over the cells whose runs all finished; a cell with a "
-           "diverged run is listed after them without a rank (—). " + DIVERGED,
-    "findings": "Findings of the paper, each checked by the stated rule in each replicate (a group of seeds): seen = holds in every replicate; "
-                "an agreement holds only with its whole interval inside the stated margin; seen on one machine = seen on one kind of CPU "
-                "and not on another (docs/method.md#findings-and-replicates). Rules of commit {rules}; computed on {machine}.",
+    "noise_floor": (
+        "Deviation from on-policy training in multiples of the noise floor: per run M = sum dev / sum floor over its "
+        "probe steps; per cell the mean over runs with its 95 % t-interval over runs (df = runs − 1, "
+        "docs/method.md#intervals-over-seeds). " + DIVERGED
+    ),
+    "accuracy": (
+        "{measure}: of θ_0 and at the last step, and the rise between them, mean [95 % t-interval over runs (df = "
+        "runs − 1, docs/method.md#intervals-over-seeds)]; beside it, where measured, the held-out accuracy (greedy) "
+        "of the same runs. " + DIVERGED
+    ),
+    "ess_crossing": (
+        "First step with lag ESS < 1/2 (empirical, on the fresh batch), the step the Gaussian prediction exp(-Var "
+        "lag) crosses, and the step `is` leaves the floor (3-step moving average of dev/floor > 2). " + DIVERGED
+    ),
+    "resync": (
+        "Steps at which each run with resync resynchronized its sampler. " + DIVERGED
+    ),
+    "off_support": (
+        "Off-support share (tokens of the trainer's own responses with probability < 1e-3 under the initial policy) "
+        "before / at collapse points (accuracy drop >= half the bf16/pg reference), beside the sampler-side KL. "
+        "Copied cells (computed_as) count once; a diverged run counts with its eval steps before the divergence."
+    ),
+    "spearman": (
+        "Spearman correlation with the accuracy drop over (run, eval step) pairs of non-reference runs, copied cells "
+        "counted once, a diverged run with its eval steps before the divergence; 95 % percentile-bootstrap intervals "
+        "resample runs (1,000 resamples)."
+    ),
+    "probe_density": (
+        "How the cells' M t-intervals over runs narrow with probe steps: the same runs with only every k-th probe "
+        "step kept (probes never change a run)."
+    ),
+    "zoo": (
+        "The grid's corrections ranked per sampler by the noise-floor multiple M (mean over runs [95 % t-interval "
+        "over runs (df = runs − 1, docs/method.md#intervals-over-seeds)]; rank 1 = closest to on-policy training), "
+        "beside the final {measure} (mean [95 % t-interval]) and its rank, the mean share of tokens each correction "
+        "truncated or dropped and its largest token weight. The rank by M is over the cells whose runs all finished "
+        "with every probe step in M (equal means share a rank); a cell with a diverged run, or with probe steps left "
+        "out of M (a run that collapsed: floor 0), is listed after them without a rank (—). " + DIVERGED
+    ),
+    "findings": (
+        "Findings of the paper, each checked by the stated rule in each replicate (a group of seeds): ✓ seen = the "
+        "whole 95 % t-interval over seeds on the paper's side, ✗ contradicted = on the other side, ? undecided = it "
+        "straddles the bound (seeds to decide: how many seeds would decide it at the observed spread); a rule over "
+        "every run is seen where each run holds; an agreement is seen only with its whole interval inside the stated "
+        "margin; the verdict: seen or contradicted in every replicate, not replicated (seen in one, contradicted in "
+        "another), else undecided; seen on one machine = seen on one kind of CPU and not on another "
+        "(docs/method.md#three-verdicts). Rules of commit {rules}; computed on {machine}."
+    ),
 }
 
 
@@ -394,24 +435,28 @@ def absent(df: pd.DataFrame, why: str) -> pd.DataFrame:
 
 
 def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 1000, replicates: list[list[int]] | None = None,
-              other_machines: list[pd.DataFrame] | None = None) -> dict[str, pd.DataFrame]:
-    """Every table outputs.TABLES lists into `out`, in its order; `other_machines`: findings tables of the same grid from other CPU
-    kinds, whose verdicts turn a finding seen on one kind only into "seen on one machine"."""
+              other_machines: list[pd.DataFrame] | None = None, machine: str | None = None) -> dict[str, pd.DataFrame]:
+    """Every table outputs.TABLES lists into `out`, in its order, and the findings input
+    (outputs.FINDINGS_INPUT) the findings table is computed from as written (`findings_from`), so that
+    `python -m dlcrepro findings --from out` rebuilds it; `other_machines`: findings tables of the same
+    grid from other CPU kinds, whose verdicts turn a finding seen on one kind only into "seen on one
+    machine"; `machine`: the CPU kind that ran these runs (findings.cpu_kind() by default)."""
     out = Path(out)
+    write_findings_input(out, *findings_input(steps, runs, replicates, machine))
     pr = A.per_run(steps, runs)
     drops = A.distinct_runs(A.accuracy_drops(steps), runs)
     distinct_steps = A.distinct_runs(steps, runs)
     name = A.accuracy_names(steps, runs)
     t = {
-        "noise_floor": noise_floor_table(steps, pr, n_boot),
-        "accuracy": accuracy_table(pr, n_boot, name, A.final_heldout(steps, pr)),
+        "noise_floor": noise_floor_table(steps, pr),
+        "accuracy": accuracy_table(pr, name, A.final_heldout(steps, pr)),
         "ess_crossing": absent(ess_crossing_table(pr), "no `is` run under a lagged sampler (stale, fp8_stale)"),
         "resync": absent(resync_table(pr), "no run of a correction with resync (dlc, is_resync)"),
         "off_support": absent(off_support_table(drops), "no accuracy drops: they need the bf16/pg reference and another cell"),
         "spearman": absent(spearman_out(distinct_steps, drops, n_boot), "no accuracy drops: they need the bf16/pg reference and another cell"),
-        "probe_density": A.interval_width_by_probe_density(steps, n_boot=n_boot),
-        "findings": across_machines(findings_table(steps, runs, replicates, n_boot), other_machines or []),
-        "zoo": zoo_table(steps, pr, n_boot, name),
+        "probe_density": A.interval_width_by_probe_density(steps),
+        "findings": findings_from(out, other_machines or [], n_boot),
+        "zoo": zoo_table(steps, pr, name),
     }
     listed = [o.name for o in outputs.TABLES]  # the one list of outputs: what the workflow expects written
     if set(t) != set(listed):
@@ -420,6 +465,55 @@ def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 
     for name in listed:
         write_table(t[name], out, name, caption(name, t[name]).replace("{measure}", A.eval_measure(steps, runs)))
     return {name: t[name] for name in listed}
+
+
+# ----------------------------------------------------------------------------- what the findings read
+
+FLOAT_FORMAT = "%.10g"  # the findings input's numbers: 10 significant digits (a quarter smaller than Python's repr)
+
+
+def write_findings_input(out: Path, steps: pd.DataFrame, runs: pd.DataFrame) -> None:
+    """The findings input (findings.findings_input's two tables) as outputs.FINDINGS_INPUT in `out`."""
+    for name, df in zip(outputs.FINDINGS_INPUT, (steps, runs)):
+        atomic_write_text(Path(out) / name, df.to_csv(index=False, float_format=FLOAT_FORMAT))
+
+
+def read_findings_input(directory: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The findings input a tables job wrote into `directory`: (per run and step, per run)."""
+    paths = [Path(directory) / name for name in outputs.FINDINGS_INPUT]
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"no findings input {', '.join(missing)}: the tables job writes it (`python -m dlcrepro "
+                                "tables`); a study's tables from before it have none")
+    steps, runs = (pd.read_csv(p) for p in paths)
+    return steps, runs
+
+
+def findings_from(directory: Path, other_machines: list[pd.DataFrame], n_boot: int = 1000) -> pd.DataFrame:
+    """The findings table computed from the findings input in `directory` alone, beside what other
+    CPU kinds gave (findings.across_machines): what the tables job writes as findings.csv, and what
+    `python -m dlcrepro findings --from directory` rebuilds."""
+    return across_machines(findings_from_input(*read_findings_input(directory), n_boot), other_machines)
+
+
+def read_findings_table(path: Path) -> pd.DataFrame:
+    """A findings.csv with its text columns as text: a rules commit such as "4e67747" is a number to
+    pandas' reader (4e+67747), a verdict column of "1" or "nan" is not."""
+    return pd.read_csv(path, dtype={"rules": str, "machine": str, "seen": str})
+
+
+def other_machine_findings(paths, n_boot: int = 1000) -> list[pd.DataFrame]:
+    """The findings tables of other CPU kinds from `paths` (outputs.other_machine_files): a findings
+    table as it is, a findings input (its findings_steps.csv or findings_runs.csv) recomputed under
+    the current rules, once per folder."""
+    tables, folders = [], []
+    for p in map(Path, paths):
+        if p.name in outputs.FINDINGS_INPUT:
+            if p.parent not in folders:
+                folders.append(p.parent)
+        else:
+            tables.append(read_findings_table(p))
+    return tables + [findings_from_input(*read_findings_input(d), n_boot) for d in folders]
 
 
 def caption(name: str, df: pd.DataFrame) -> str:

@@ -95,8 +95,8 @@ def test_spearman_bootstrap_resamples_runs_and_is_one_for_monotone_pairs():
         for step, x in enumerate([0.1, 0.2, 0.3], start=1):
             rows.append(dict(model="m", sampler="stale", correction="pg", seed=seed, step=step, x=x + seed, y=2 * (x + seed)))
     df = pd.DataFrame(rows)
-    rho, lo, hi = A.bootstrap_spearman(df, "x", "y", n_boot=200)
-    assert rho == 1.0 and lo == 1.0 and hi == 1.0
+    rho, lo, hi, _, resamples = A.bootstrap_spearman(df, "x", "y", n_boot=200)
+    assert rho == 1.0 and lo == 1.0 and hi == 1.0 and resamples == 200
 
 
 def test_spearman_is_nan_on_constant_input():
@@ -142,24 +142,36 @@ def test_tables_are_written_in_three_formats_with_the_paper_beside(tmp_path):
     assert row["mean"] == pytest.approx(np.mean([2.5, 5.0]))  # dev = (1..4)·(1+k), floor 1 each: M = 2.5, 5
     findings = pd.read_csv(tmp_path / "findings.csv")
     assert findings["finding"].tolist() == ["R", "M"] + [f"F{i}" for i in range(1, 14)]
-    # bf16/pg rises 0.25 -> 0.2 (seed 0) and 0.25 (seed 1): the reference does not learn
-    assert findings.loc[findings["finding"] == "R", "seen"].iloc[0] == "not seen"
+    # bf16/pg rises 0.25 -> 0.2 (seed 0) and 0.25 (seed 1): no run learns, the rule is contradicted
+    assert findings.loc[findings["finding"] == "R", "seen"].iloc[0] == "contradicted in 1 replicate"
     acc = pd.read_csv(tmp_path / "accuracy.csv")
     assert acc.loc[(acc.sampler == "bf16") & (acc.correction == "pg"), "final per seed"].iloc[0] == "0.2/0.25"
 
 
-def test_multiple_interval_is_a_point_when_every_probe_step_has_the_same_ratio():
+def test_multiple_interval_is_a_point_when_every_run_has_the_same_multiple():
     steps = pd.concat([run_rows("m", "stale", "is", k, dev=[2.0, 4.0, 6.0], floor=[1.0, 2.0, 3.0]) for k in (0, 1, 2)])
-    b = A.multiple_bootstrap(steps, n_boot=200).iloc[0]
+    b = A.multiple_interval(steps).iloc[0]
     assert (b["mean"], b["ci_low"], b["ci_high"]) == pytest.approx((2.0, 2.0, 2.0))
     assert b["n_runs"] == 3 and b["probe_steps"] == 9
 
 
-def test_multiple_interval_resamples_runs_and_widens_with_their_spread():
+def test_multiple_interval_is_the_t_interval_of_the_runs_multiples_wider_than_their_min_max():
     steps = pd.concat([run_rows("m", "stale", "is", k, dev=[m] * 4, floor=[1.0] * 4) for k, m in enumerate((1.0, 2.0, 9.0))])
-    b = A.multiple_bootstrap(steps, n_boot=2000).iloc[0]
-    assert b["mean"] == pytest.approx(4.0)
-    assert 1.0 <= b["ci_low"] < 4.0 < b["ci_high"] <= 9.0
+    b = A.multiple_interval(steps).iloc[0]
+    half = 4.302653 * np.std([1.0, 2.0, 9.0], ddof=1) / np.sqrt(3)  # t_{0.975, 2} · sd / √3
+    assert (b["mean"], b["ci_low"], b["ci_high"]) == pytest.approx((4.0, 4.0 - half, 4.0 + half))
+    assert b["ci_low"] < 1.0 and b["ci_high"] > 9.0  # 3 seeds: wider than their range, where a bootstrap gave the range
+
+
+def test_a_cell_counts_every_run_with_a_multiple_among_all_its_runs():
+    """A run without a probe step (every floor 0, or diverged before its first probe) has no M: it is
+    counted among the cell's runs, not among those with a multiple, and not averaged."""
+    steps = pd.concat([run_rows("m", "stale", "is", 0, dev=[2.0], floor=[1.0]),
+                       run_rows("m", "stale", "is", 1, dev=[3.0], floor=[0.0])])
+    runs = pd.DataFrame({"model": "m", "sampler": "stale", "correction": "is", "seed": [0, 1, 2], "final_test_accuracy": 0.0,
+                         "resync_steps": "[]", "computed_as": ""})
+    b = A.multiple_interval(steps, A.per_run(steps, runs)).iloc[0]
+    assert (b["n_runs"], b["n_valid"], b["mean"]) == (3, 1, 2.0) and math.isnan(b["ci_low"])
 
 
 def test_copied_cells_count_once():
@@ -184,30 +196,49 @@ def test_spearman_difference_is_zero_for_the_same_measure_and_positive_for_a_bet
             rows.append(dict(model="m", sampler="stale", correction="is", seed=k, step=t, drop=drop, good=drop, bad=(k * 7 + t * 3) % 5))
     df = pd.DataFrame(rows)
     assert A.spearman_difference(df, "good", "good", "drop", n_boot=50)[0] == 0.0
-    d, lo, hi = A.spearman_difference(df, "good", "bad", "drop", n_boot=200)
+    d, lo, hi, *_ = A.spearman_difference(df, "good", "bad", "drop", n_boot=200)
     assert d > 0.5 and lo > 0
+
+
+def test_a_bootstrap_against_a_margin_draws_until_its_ends_monte_carlo_error_is_a_tenth_of_their_distance():
+    rng = np.random.default_rng(3)
+    df = pd.DataFrame({"model": "m", "sampler": "s", "correction": "c", "seed": np.repeat(np.arange(30), 2),
+                       "step": np.tile([1, 2], 30), "x": rng.normal(0.3, 1.0, 60)})
+    mean = lambda a: float(a[:, 0].mean())  # noqa: E731
+    b = A.bootstrap_runs(df, ["x"], mean, n_boot=200, margins=[0.0])
+    distance = min(abs(b.low), abs(b.high))
+    assert b.resamples > 200 and (b.mc_error < distance / 10 or b.resamples >= A.MOST_RESAMPLES)
+    assert A.bootstrap_runs(df, ["x"], mean, n_boot=200).resamples == 200  # no margin: nothing to settle
+
+
+def test_percentile_mc_error_shrinks_as_one_over_root_resamples():
+    rng = np.random.default_rng(0)
+    small, large = (A.percentile_mc_error(rng.normal(size=n), 0.025) for n in (1_000, 16_000))
+    assert 2.5 < small / large < 6.5  # √16 = 4
 
 
 def test_verdict_needs_every_replicate_and_at_least_two():
     from dlcrepro.findings import verdict
 
-    assert verdict([True, True]) == "seen"
-    assert verdict([True, False]) == "not replicated"
-    assert verdict([False, False]) == "not seen"
-    assert verdict([True, "not run"]).startswith("holds in 1 replicate")
-    assert verdict([None, "not run"]).startswith("cannot tell")
+    assert verdict(["seen", "seen"]) == "seen"
+    assert verdict(["contradicted", "contradicted"]) == "contradicted"
+    assert verdict(["seen", "contradicted"]) == "not replicated"
+    assert verdict(["seen", "undecided"]) == "undecided"  # one replicate's seeds cannot tell
+    assert verdict(["undecided", "contradicted"]) == "undecided"
+    assert verdict(["seen", "not run"]).startswith("seen in 1 replicate")
+    assert verdict(["cannot tell", "not run"]).startswith("cannot tell")
 
 
 def test_a_verdict_over_fewer_replicates_names_the_ones_that_did_not_run():
     from dlcrepro.findings import verdict
 
     labels = ["seeds 0,1,2", "seeds 3,4,5"]
-    assert verdict([True, True], labels) == "seen"
-    assert verdict([True, "not run"], labels) == "holds in 1 replicate (seeds 3,4,5 not run)"
-    assert verdict([False, "not run"], labels) == "not seen (seeds 3,4,5 not run)"
-    assert verdict(["not run", False], labels) == "not seen (seeds 0,1,2 not run)"
-    assert verdict([None, "not run"], labels) == "cannot tell (seeds 3,4,5 not run)"
-    assert verdict([False, "not run"]) == "not seen (1 not run)"
+    assert verdict(["seen", "seen"], labels) == "seen"
+    assert verdict(["seen", "not run"], labels) == "seen in 1 replicate (seeds 3,4,5 not run)"
+    assert verdict(["contradicted", "not run"], labels) == "contradicted in 1 replicate (seeds 3,4,5 not run)"
+    assert verdict(["not run", "undecided"], labels) == "undecided (seeds 0,1,2 not run)"
+    assert verdict(["cannot tell", "not run"], labels) == "cannot tell (seeds 3,4,5 not run)"
+    assert verdict(["contradicted", "not run"]) == "contradicted in 1 replicate (1 not run)"
 
 
 def test_findings_written_from_one_replicate_say_which_replicate_is_missing(tmp_path):
@@ -217,14 +248,15 @@ def test_findings_written_from_one_replicate_say_which_replicate_is_missing(tmp_
     steps, runs = _study([("bf16", "pg"), ("stale", "is"), ("stale", "dlc")], seeds=(0, 1))
     T.write_all(steps, runs, tmp_path, n_boot=20, replicates=[[0, 1], [2, 3]])
     f = pd.read_csv(tmp_path / "findings.csv")
-    assert list(f.columns[5:8]) == ["seeds 0,1", "seeds 2,3", "seen"]
+    assert list(f.columns[5:9]) == ["seeds 0,1", "seeds 2,3", "seen", "seeds to decide"]
     assert (f["seeds 2,3"] == "not run").all()
     assert f["seen"].str.endswith("(seeds 2,3 not run)").all()
     md = (tmp_path / "findings.md").read_text().splitlines()
     assert md[0].endswith("Not run in this grid: seeds 2,3; each verdict names the replicates it lacks.")
     # both replicates ran: the caption and verdicts are as committed in paper_tables/findings.md
     T.write_all(steps, runs, tmp_path, n_boot=20, replicates=[[0], [1]])
-    assert (tmp_path / "findings.md").read_text().splitlines()[0] == T.caption("findings", pd.read_csv(tmp_path / "findings.csv"))
+    written = T.read_findings_table(tmp_path / "findings.csv")
+    assert (tmp_path / "findings.md").read_text().splitlines()[0] == T.caption("findings", written)
     assert not pd.read_csv(tmp_path / "findings.csv")["seen"].str.contains("not run").any()
 
 
@@ -264,3 +296,21 @@ def test_every_table_and_figure_comes_out_of_a_sub_grid(tmp_path, cells):
     if ("bf16", "pg") not in cells:  # accuracy drops need the reference: said, not a KeyError
         assert f.loc["R", "seeds 0"] == "not in this grid" or f.loc["R", "seeds 0"].endswith("not in this grid")
     assert (f["seeds 1"] == "not run").all()
+
+
+def test_the_zoo_ranks_only_whole_multiples_and_equal_means_share_a_rank():
+    """A collapsed run's M leaves out its steps with floor 0: that cell is not ranked beside full runs
+    and says how many probe steps its M has; a copy and its source (the same runs) share a rank."""
+    def cell(correction, dev, floor=(1.0, 1.0, 1.0, 1.0)):
+        return [run_rows("m", "stale", correction, k, dev=[d * (1 + 0.1 * k) for d in dev], floor=list(floor),
+                         test_accuracy=[NAN, NAN, NAN, 0.3]) for k in (0, 1, 2)]
+
+    steps = pd.concat(cell("is", [1.0] * 4) + cell("is_resync", [1.0] * 4) + cell("center", [3.0] * 4)
+                      + cell("pg", [0.5] * 4, floor=(1.0, 1.0, 0.0, 0.0)))  # pg collapsed after step 2: the lowest M, truncated
+    runs = steps.groupby(A.RUN).agg(final_test_accuracy=("test_accuracy", "last")).reset_index()
+    runs = runs.assign(initial_test_accuracy=0.25, resync_steps="[]", computed_as="", diverged_at_step=NAN)
+    z = T.zoo_table(steps, A.per_run(steps, runs)).set_index("correction")
+    assert z.loc["is", "rank by M"] == z.loc["is_resync", "rank by M"] == "1" and z.loc["center", "rank by M"] == "3"
+    assert z.loc["pg", "rank by M"] == "—" and z.loc["pg", "probe steps in M"] == "6 of 12"
+    assert list(z.index)[-1] == "pg"
+    assert z.loc["is", "M (mean [95 % CI])"] == z.loc["is_resync", "M (mean [95 % CI])"]

@@ -262,7 +262,7 @@ def test_every_generated_findings_block_is_what_findings_csv_gives():
     assert "findings-table" in [m.group(2) for m in D.BLOCK.finditer(README.read_text(encoding="utf-8"))]
 
 
-VERDICT_COUNT = re.compile(r"\b\d+ (?:seen|not seen|not replicated)\b")
+VERDICT_COUNT = re.compile(r"\b\d+ (?:seen|not seen|not replicated|contradicted|undecided)\b")
 
 
 def test_no_page_counts_verdicts_outside_a_generated_block():

@@ -164,6 +164,18 @@ def test_the_summary_figure_sets_each_finding_beside_the_paper():
     assert all(v in texts for v in table["seen"])
     assert [t.get_text() for t in forest.get_yticklabels()] == ["F3", "F5", "F6", "F7", "F8", "F10"]
     assert any(ln.get_marker() == "D" and ln.get_xdata()[0] == 13.0 for ln in forest.get_lines())  # the paper's F3
+    # R's low and high are its smallest and largest run, not an interval: no brackets, said as a range
+    r = next(t for t in texts if t.startswith(("✓ rise", "✗ rise", "? rise", "✓ +", "✗ +", "? +", "✓ -", "✗ -", "? -")))
+    assert "[" not in r and "(runs " in r
+
+
+def test_the_summary_figure_brackets_only_intervals():
+    row = pd.Series({"seeds 0 value": 30.0, "seeds 0 low": 20.0, "seeds 0 high": 40.0, "seeds 0": "✓ x",
+                     "unit": "points of pool accuracy gained (mean, smallest and largest run)"})
+    assert F._headline(row, "seeds 0") == "+30.0 points (runs +20.0 to +40.0)"
+    interval = row.copy()
+    interval["unit"] = "x floor"
+    assert F._headline(interval, "seeds 0") == "30× [20, 40×]"
 
 
 @pytest.mark.parametrize("name", list(F.FIGURES))

@@ -67,7 +67,8 @@ def test_the_workflow_writes_and_reports_every_listed_output(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     written = {rule: line.split(": ", 1)[1].split(", ") for rule, line in
                re.findall(r"^rule (tables|figures):\n(?:    .*\n)*?(    output: .*)$", p.stdout, re.M)}
-    assert written == {"tables": [f for o in outputs.TABLES for f in o.files(out["tables_dir"])],
+    assert written == {"tables": [f for o in outputs.TABLES for f in o.files(out["tables_dir"])]
+                       + outputs.findings_input_files(out["tables_dir"]),
                        "figures": [f for o in outputs.FIGURES for f in o.files(out["figures_dir"])]}
     captions = {f.name: f.read_text() for f in (out["results_dir"] / "_report").iterdir()}
     assert captions == {f"{o.name}.{o.kind}.rst": o.caption + "\n" for o in outputs.TABLES + outputs.FIGURES}

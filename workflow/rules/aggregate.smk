@@ -34,6 +34,7 @@ rule tables:
         other_machines=other_machine_findings(),
     output:
         reported_files(outputs.TABLES, TABLES),
+        outputs.findings_input_files(TABLES),
     log:
         f"{LOGS}/tables.log",
     conda:

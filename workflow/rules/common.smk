@@ -307,8 +307,8 @@ def output_files(items, directory):
 
 
 def table_files():
-    """Every file the tables job writes: each table as .tex, .md and .csv."""
-    return output_files(outputs.TABLES, TABLES)
+    """Every file the tables job writes: each table as .tex, .md and .csv, and the findings input."""
+    return output_files(outputs.TABLES, TABLES) + outputs.findings_input_files(TABLES)
 
 
 def figure_files():
@@ -483,10 +483,10 @@ def stopped_message():
 
 
 def other_machine_findings():
-    """findings.csv files of this grid computed on other kinds of CPU, committed under
-    <tables_dir>/other_machines/ (docs/method.md#findings-and-replicates): the tables job reads their
-    verdicts, so a finding seen on one kind only reads "seen on one machine"."""
-    return sorted(str(p) for p in Path(TABLES).glob("other_machines/*.csv"))
+    """What other kinds of CPU gave for this grid, committed under <tables_dir>/other_machines/
+    (outputs.other_machine_files: findings tables, or a study's findings input; docs/method.md#across-machines):
+    the tables job reads their verdicts, so a finding seen on one kind only reads "seen on one machine"."""
+    return outputs.other_machine_files(TABLES)
 
 
 def other_machine_args(files):
