@@ -1,7 +1,7 @@
 """A cell's directory, from its first file to its summary: `run_cell` runs (or resumes, or returns
 the finished, or copies a twin of) one grid cell into `out`.
 
-    out/config.yaml       the cell and its whole config (run_identity): what a checkpoint or a copy must match
+    out/config.yaml       the cell and its whole config; a checkpoint or a copy must match its numbers' part (run_identity)
     out/train.log         what happened, time-stamped (cell_log)
     out/checkpoint.pt     the run's state every ckpt_every steps, with its sidecar (checkpoint.py), removed at the end
     out/metrics.parquet   one row per step (train.Trainer.step)
@@ -25,9 +25,9 @@ import pandas as pd
 import torch
 import yaml
 
-from . import analysis, checkpoint, divergence, paths, procs, rollouts, tracking
+from . import analysis, checkpoint, divergence, paths, procs, rollouts, stamped, tracking
 from .cluster import check_device
-from .config import Config, to_dict
+from .config import Config, ConfigError
 from .corrections import get_correction
 from .diagnostics import EVAL_COLUMNS, metric_columns
 from .grid import computed_as, get_sampler
@@ -95,20 +95,26 @@ def resource_use(tr: Trainer) -> dict:
 
 
 def run_identity(meta: dict, cfg: Config) -> dict:
-    """What makes a run this run: the cell and its whole config, as its config.yaml records them. A
-    checkpoint is resumed only by the run it names."""
-    return {"cell": meta, "config": to_dict(cfg)}
+    """What makes a run this run: what its numbers depend on (stamped.cell_identity, the one list of
+    those keys). A checkpoint is resumed, and a finished cell kept, only by the run it names."""
+    return stamped.cell_identity(stamped.run_record(meta, cfg))
+
+
+def finished_run(cell: Path) -> dict | None:
+    """The record (config.yaml) of the finished run in `cell`, None if it holds none (no summary,
+    table or config.yaml)."""
+    if not all((cell / f).exists() for f in (SUMMARY_FILE, METRICS_FILE, CONFIG_FILE)):
+        return None
+    return yaml.safe_load((cell / CONFIG_FILE).read_text()) or {}
 
 
 def finished_as(cell: Path, meta: dict, cfg: Config) -> bool:
-    """Whether `cell` holds a finished run of exactly this cell (`meta`) under exactly `cfg`."""
-    if not ((cell / SUMMARY_FILE).exists() and (cell / METRICS_FILE).exists() and (cell / CONFIG_FILE).exists()):
+    """Whether `cell` holds a finished run, computed there (not copied), of exactly this cell
+    (`meta`) and of the numbers of `cfg` (`run_identity`: where it is watched or written aside)."""
+    ran = finished_run(cell)
+    if ran is None or "computed_as" in ran:
         return False
-    ran = yaml.safe_load((cell / CONFIG_FILE).read_text()) or {}
-    want = yaml.safe_load(yaml.safe_dump({"cell": meta, "config": to_dict(cfg)}, sort_keys=False))
-    for c in (ran.get("config") or {}, want["config"]):
-        c.pop("tracking", None)  # where a run is watched is no part of what it computes
-    return ran.get("cell") == want["cell"] and ran.get("config") == want["config"] and "computed_as" not in ran
+    return not stamped.mismatch(stamped.cell_identity(ran), run_identity(meta, cfg))
 
 
 @contextmanager
@@ -136,7 +142,8 @@ def copy_cell(src: Path, out: Path, meta: dict, cfg: Config, why: str) -> dict:
     damaged = analysis.metrics_problem(src)
     if damaged:
         raise DamagedFileError(f"{src}: {damaged}; {out} copies it. Rerun that cell: delete {src} and rerun the same command")
-    atomic_write_text(out / CONFIG_FILE, yaml.safe_dump({"cell": meta, "computed_as": str(src), "why": why, "config": to_dict(cfg)}, sort_keys=False))
+    record = {"cell": meta, "computed_as": str(src), "why": why, **stamped.run_record(meta, cfg)}
+    atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(record, sort_keys=False))
     digest = atomic_save(out / METRICS_FILE, lambda tmp: shutil.copyfile(src / METRICS_FILE, tmp))
     ran = json.loads((src / SUMMARY_FILE).read_text())
     summary = {**ran, **meta, "computed_as": str(src), "why": why, "metrics_file": digest}
@@ -260,6 +267,20 @@ def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkp
     return summary
 
 
+def finished_here(out: Path, meta: dict, cfg: Config) -> dict | None:
+    """The summary of the finished run in `out` if it is this cell's under the numbers of `cfg`
+    (computed or copied); None if `out` holds no finished run. A finished run of other numbers is
+    refused, naming what differs: its results are never overwritten in place."""
+    ran = finished_run(out)
+    if ran is None:
+        return None
+    diff = stamped.mismatch(stamped.cell_identity(ran), run_identity(meta, cfg))
+    if diff:
+        raise ConfigError(f"{out} holds a finished run of other numbers ({'; '.join(diff)}): "
+                          f"to train this one there, delete {out} and rerun the same command")
+    return json.loads((out / SUMMARY_FILE).read_text())
+
+
 def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, out: Path, model_dir: str | None = None,
              keep_checkpoint: bool = False, shared_rollouts: Path | None = None, initial_eval: Path | None = None) -> dict:
     """Run (or resume, or return the finished) cell; write metrics, config, summary and log into `out`.
@@ -267,11 +288,12 @@ def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, 
     `shared_rollouts`: its sampler's shared steps (rollouts.py); `initial_eval`: its seed's θ_0
     evaluation (initial_eval.py): the same numbers, computed once."""
     out = Path(out)
-    if (out / SUMMARY_FILE).exists() and (out / METRICS_FILE).exists():
-        return json.loads((out / SUMMARY_FILE).read_text())
     check_names(cfg, model, sampler, correction)
     mdir = cell_model_dir(cfg, model, model_dir)
     meta = {"model": model, "sampler": sampler, "correction": correction, "seed": seed, "model_dir": str(mdir)}
+    done = finished_here(out, meta, cfg)
+    if done is not None:
+        return done
     src, why = same_run(cfg, meta, out)
     if src is not None:
         return copy_cell(src, out, meta, cfg, why)
@@ -280,7 +302,7 @@ def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, 
     # (summary's startup_seconds) then holds every import, its setup phase none
     import_job_modules()
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / CONFIG_FILE, yaml.safe_dump({"cell": meta, "config": to_dict(cfg)}, sort_keys=False))
+    atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(stamped.run_record(meta, cfg), sort_keys=False))
     with cell_log(out / LOG_FILE) as note:
         for tmp in remove_leftovers(out):  # a killed run's half-written file: never a result, only space taken
             note(f"removed {tmp.name}, left half-written by an earlier run")
