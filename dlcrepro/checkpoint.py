@@ -20,6 +20,7 @@ import json
 import os
 from pathlib import Path
 
+from .procs import pause_point
 from .stamped import mismatch, normal
 from .util import atomic_save_stream, atomic_write_text, file_digest
 
@@ -46,6 +47,7 @@ def save(path: Path, blob: dict, run, step: int, on_disk: dict | None) -> dict:
     entry = {}
 
     def vouch(digest: dict) -> None:
+        pause_point("checkpoint_written")  # a test's kill mid-save (procs.py): the new file whole, not yet vouched for
         entry.update(digest, step=step)
         files = [entry] + ([on_disk] if on_disk else [])
         atomic_write_text(sidecar(path), json.dumps({"run": normal(run), "files": files}, indent=1))

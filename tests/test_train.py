@@ -129,20 +129,30 @@ def test_a_tracking_change_resumes_and_keeps_a_finished_cell_and_a_learning_rate
     assert "holds a finished run of other numbers (config.train.lr: 0.3 there, 0.15 here)" in p.stderr, p.stderr
     assert (out / "metrics.parquet").read_bytes() == table
 
-    def without_outputs():  # what Snakemake leaves of a job that failed after its last checkpoint
+    def without_outputs():  # what Snakemake leaves of a job that failed after its last write
         for f in ("metrics.parquet", "summary.json"):
             (out / f).unlink()
 
+    def since(text):
+        return (out / "train.log").read_text().removeprefix(text)
+
+    cols = [c for c in ref.columns if not c.startswith("sec_")]
     without_outputs()
+    p = run(cmd(*watched))  # written again from the finished record: not one step recomputed
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "written again from finished.pt, no step recomputed" in since(log) and "resuming" not in since(log)
+    assert (out / "metrics.parquet").read_bytes() == table
+    without_outputs()
+    (out / "finished.pt").unlink()  # a job stopped after its last checkpoint, before its record
+    log = (out / "train.log").read_text()
     p = run(cmd(*watched))
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "resuming" in (out / "train.log").read_text().removeprefix(log)
-    got = pd.read_parquet(out / "metrics.parquet")
-    cols = [c for c in ref.columns if not c.startswith("sec_")]
-    pd.testing.assert_frame_equal(ref[cols], got[cols])
+    assert "resuming" in since(log)
+    pd.testing.assert_frame_equal(ref[cols], pd.read_parquet(out / "metrics.parquet")[cols])
     without_outputs()
-    p = run(cmd("train.lr=0.15"))
+    p = run(cmd("train.lr=0.15"))  # neither the record nor the checkpoint is this run's
     assert p.returncode == 0, p.stderr[-3000:]
+    assert "finished.pt is of another run (run.config.train.lr: 0.3 there, 0.15 here): removed" in p.stderr, p.stderr
     assert "is of another run (config.train.lr: 0.3 there, 0.15 here)" in p.stderr and "again from step 0" in p.stderr, p.stderr
 
 
