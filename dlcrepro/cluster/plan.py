@@ -82,8 +82,8 @@ def plan_text(cfg: Config, source: str = "") -> str:
         r = job_resources(cfg, m)
         each = [job_resources(cfg, m, "train", c.sampler, cal, c.name) for c in trained]
         requested = sum(gpu_minutes(job_resources(cfg, m, "train" if c.same_as is None else "copy", c.sampler, cal, c.name)) for c in mine)
-        est = estimated_minutes(cfg, m)
-        est_gpu = None if est is None else est * r["gpu"] * len(trained)
+        ests = [estimated_minutes(cfg, m, c.correction) for c in trained]  # a cell of several SGD steps a batch costs more
+        est_gpu = None if not ests or ests[0] is None else r["gpu"] * sum(ests)
         for _, sampler, seed in (j for j in shared if j[0] == m):  # each rollouts job, and the cells that read it
             requested += gpu_minutes(job_resources(cfg, m, "rollouts", sampler, cal, f"{m}/{sampler}/seed{seed}"))
             if est_gpu is not None:
@@ -97,7 +97,7 @@ def plan_text(cfg: Config, source: str = "") -> str:
         runtimes, mems = sorted({e["runtime"] for e in each}) or [r["runtime"]], sorted({e["mem_mb"] for e in each}) or [r["mem_mb"]]
         span = lambda xs: f"{xs[0]}" if len(xs) == 1 else f"{xs[0]}-{xs[-1]}"  # noqa: E731
         per_job = f"{r['gpu']} GPU, {span(runtimes)} min, {span([x // 1000 for x in mems])} GB"
-        est_text = "—" if est_gpu is None else f"{_hours(est_gpu)} ({est:.0f} min/job)"
+        est_text = "—" if est_gpu is None else f"{_hours(est_gpu)} ({span(sorted({round(x) for x in ests}))} min/job)"
         lines.append(row(m, len(mine), len(trained), len(mine) - len(trained), done, per_job, _hours(requested), est_text))
         total_req += requested
         total_est += est_gpu or 0
