@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 
 from conftest import PAPER_MODELS, QWEN3_CONFIGS, ROOT, SMOKE, cache_repo, fake_hf_cache
 from dlcrepro import cluster
@@ -126,6 +127,24 @@ def test_cost_model_minutes_per_paper_job():
     assert cluster.estimated_minutes(cfg, "qwen3-0.6b", "ppo_multi") == pytest.approx((3166.56 + 1260) / 60)
     assert cluster.estimated_minutes(cfg, "qwen3-1.7b", "ppo_multi") == pytest.approx((5005.6 + 2040) / 60)
     assert cluster.estimated_minutes(load(SMOKE), "tiny") is None  # a CPU model: not in the GPU cost model
+
+
+def test_the_plan_states_what_a_failure_can_cost_from_the_checkpoint_interval_and_the_profiles_retries():
+    """By hand, minutes: a failure loses at most one checkpoint interval (5 of 40 steps) at the cell's
+    mean step and the engines' start (3): 0.6B (52.776 - 3) / 40 x 5 + 3 = 9.222, a ppo_multi cell
+    (73.776 - 3) / 40 x 5 + 3 = 11.847; without checkpoints, the whole job. The profile retries twice."""
+    cfg = cluster.load_merged([str(PAPER)])
+    assert cluster.failure_minutes(cfg, "qwen3-0.6b", "pg") == pytest.approx((52.776 - 3) / 40 * 5 + 3)
+    assert cluster.failure_minutes(cfg, "qwen3-0.6b", "ppo_multi") == pytest.approx((73.776 - 3) / 40 * 5 + 3)
+    whole = cluster.load_merged([str(PAPER)], {"train.ckpt_every": 0})
+    assert cluster.failure_minutes(whole, "qwen3-0.6b", "pg") == pytest.approx(cluster.estimated_minutes(whole, "qwen3-0.6b"))
+    assert cluster.profile_retries() == yaml.safe_load(cluster.SLURM_PROFILE.read_text())["retries"] == 2
+    text = "\n".join(cluster.failure_lines(cfg, cluster.grid_cells(cfg), 2, "slurm/config.yaml"))
+    assert "slurm/config.yaml: 2 retries" in text
+    assert "qwen3-0.6b (a checkpoint every 5 of 40 steps): ≤ 9.2-11.8 GPU-min a failure, ≤ 23.7 a job failing 2 times" in text
+    # 2 x (60 x 9.222 + 12 x 11.847) / 60 = 23.2 GPU-hours if every 0.6B job failed twice
+    assert "≤ 23.2 GPU-h if every trained job did" in text
+    assert cluster.failure_lines(load(SMOKE), cluster.grid_cells(load(SMOKE)), 2, "p") == []  # a CPU study
 
 
 def test_shared_rollouts_in_the_plan():

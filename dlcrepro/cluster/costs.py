@@ -67,6 +67,23 @@ def estimated_minutes(cfg: Config, model: str, correction: str | None = None) ->
     return (t.steps * step + evals + ENGINE_START_S) / 60
 
 
+def failure_minutes(cfg: Config, model: str, correction: str | None = None) -> float | None:
+    """Minutes of one GPU that a failed training job (a node failure, a preemption, its time limit)
+    can cost its retry by the cost model, None where the model is not in it: the steps since its last
+    checkpoint, at most one interval (train.ckpt_every; every step without), at the cell's mean step
+    (`estimated_minutes` less the start, its evaluations spread), and the engines' start again:
+
+        min(ckpt_every or steps, steps) × (estimated − start) / steps + start.
+
+    A job stopped after its last write costs its retry no step (celldir.rewrite_finished)."""
+    est = estimated_minutes(cfg, model, correction)
+    if est is None:
+        return None
+    t = cfg.train_for(model)
+    start = ENGINE_START_S / 60
+    return min(t.ckpt_every or t.steps, t.steps) * (est - start) / t.steps + start
+
+
 def initial_eval_minutes(cfg: Config, model: str) -> float | None:
     """Minutes of one θ_0 evaluation job by the cost model: one evaluation's answers and one
     engine's start; None where the model is not in the cost model."""
