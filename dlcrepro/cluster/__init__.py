@@ -79,7 +79,9 @@ __all__ = [
     "COPY_RESOURCES", "COST_MODEL", "ENGINE_START_S", "GPU_GIB", "HEAD_INPUT_BYTES", "JOBS", "LAYER_BYTES", "LOGIT_BYTES",
     "OUTSIDE_LAYERS_BYTES", "PROMPT_TOKENS", "RESPONSE_TOKENS", "TRAIN_DEFAULTS", "DeviceError", "GridCell", "Need",
     "PeakMemory", "StepCost", "blocking", "check_device", "checkpoint_problem", "copy_source", "estimated_minutes",
-    "eval_answers_per_eval", "failure_minutes", "finished", "gpu_key", "gres", "grid_cells", "initial_eval_jobs", "initial_eval_minutes",
-    "SLURM_PROFILE", "failure_lines", "job_resources", "load_merged", "profile_retries", "memory_line", "missing_message", "needs", "param_count", "peak_memory", "plan_text",
+    "eval_answers_per_eval", "failure_minutes",
+    "finished", "gpu_key", "gres", "grid_cells", "initial_eval_jobs", "initial_eval_minutes",
+    "SLURM_PROFILE", "failure_lines", "profile_retries",
+    "job_resources", "load_merged", "memory_line", "missing_message", "needs", "param_count", "peak_memory", "plan_text",
     "rollouts_jobs", "rollouts_minutes", "rollouts_topk", "scan_corrections", "shared_sampling_minutes", "step_cost", "worst_peak_memory",
 ]

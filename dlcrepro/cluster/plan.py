@@ -13,7 +13,8 @@ from ..registry import correction_info
 from .cache import blocking, needs
 from .calibrate import PILOT_DIR, PILOT_STEPS, calibration_path, load_calibration, pilot_cells, pilot_initial_eval_jobs, pilot_rollouts_jobs
 from .cells import finished, grid_cells, initial_eval_jobs, rollouts_jobs
-from .costs import RESPONSE_TOKENS, estimated_minutes, failure_minutes, initial_eval_minutes, rollouts_minutes, shared_sampling_minutes
+from .costs import (RESPONSE_TOKENS, estimated_minutes, failure_minutes, initial_eval_minutes, rollouts_minutes,
+                    shared_sampling_minutes)
 from .memory import GPU_GIB, PROMPT_TOKENS, engines_per_job, peak_memory, worst_peak_memory
 from .resources import gpu_minutes, job_resources
 
@@ -57,7 +58,7 @@ def failure_lines(cfg: Config, cells, retries: int | None, profile: str) -> list
     if not any(job_resources(cfg, m)["gpu"] for m in cfg.grid.models):
         return []  # a CPU study: nothing billed by the GPU-hour
     n = 1 if retries is None else retries
-    head = f"{profile}: {retries} retries, each with twice the runtime" if retries is not None else f"no {profile}: 1 retry counted"
+    head = f"{profile}: {retries} retries, each with twice the runtime" if retries is not None else f"no {profile}: 1 retry"
     lines = ["", f"what a failure costs ({head}): a training job stopped by a node failure, a preemption or its time limit "
                  "resumes from its last checkpoint, losing at most one checkpoint interval and the engines' start; one "
                  "stopped after its last write loses no step (docs/faults.md)"]
@@ -66,7 +67,7 @@ def failure_lines(cfg: Config, cells, retries: int | None, profile: str) -> list
         t, gpu = cfg.train_for(m), job_resources(cfg, m)["gpu"]
         trained = [c for c in cells if c.model == m and c.same_as is None]
         each = [gpu * (failure_minutes(cfg, m, c.correction) or 0) for c in trained]
-        interval = f"a checkpoint every {t.ckpt_every} of {t.steps} steps" if t.ckpt_every else f"no checkpoint before step {t.steps}"
+        interval = f"a checkpoint every {t.ckpt_every} of {t.steps} steps" if t.ckpt_every else f"no checkpoint in {t.steps}"
         if not trained or gpu == 0 or failure_minutes(cfg, m) is None:
             lines.append(f"  {m} ({interval}): — (" + ("no GPU" if gpu == 0 else "not in the cost model") + ")")
             continue
@@ -74,8 +75,8 @@ def failure_lines(cfg: Config, cells, retries: int | None, profile: str) -> list
         span = f"{min(each):.1f}" if round(min(each), 1) == round(max(each), 1) else f"{min(each):.1f}-{max(each):.1f}"
         lines.append(f"  {m} ({interval}): ≤ {span} GPU-min a failure, ≤ {n * max(each):.1f} a job failing {n} times; "
                      f"≤ {n * sum(each) / 60:.1f} GPU-h if every trained job did")
-    lines.append(f"  grid: ≤ {total:.1f} GPU-h if every trained job failed {n} times, beside the {len([c for c in cells if c.same_as is None])} "
-                 "jobs' estimate above")
+    trained = sum(c.same_as is None for c in cells)
+    lines.append(f"  grid: ≤ {total:.1f} GPU-h if every trained job failed {n} times, beside the {trained} jobs' estimate")
     return lines
 
 
