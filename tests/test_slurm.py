@@ -9,15 +9,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
-import pandas as pd
 import pytest
 import yaml
 
-from conftest import ROOT, SMOKE, stopped_after, wait_for
+from conftest import KILL_TRAIN, ROOT, SMOKE, check_kill_table, kill_at_each_moment, stopped_after, wait_for
 
-from dlcrepro import procs
 from dlcrepro.checkpoint import verified_step
 
 pytestmark = pytest.mark.slurm
@@ -279,66 +276,13 @@ def test_a_requeued_job_resumes_under_its_job_id_then_killed_at_its_time_limit_i
     assert json.loads((cell / "summary.json").read_text())["steps"] == 240
 
 
-# A job killed at each moment of its cell (dlcrepro/procs.py's pause points: the job stops itself there,
-# the test SIGKILLs it as a node failure would), its retry submitted by snakemake (the profile's
-# `retries`): (where, the steps the cell had finished when killed). 6 steps, a checkpoint every 2
-# (after steps 2 and 4), so no retry may train again more than 2 finished steps.
-KILLS = (
-    ("sample:4", 3),  # step 4's sampling: steps 1-3 done, the checkpoint of step 2 on disk
-    ("update:4", 3),  # step 4's update, its batch sampled and scored
-    ("checkpoint_written:2", 4),  # mid-save of step 4's checkpoint: the new file whole, not yet vouched for
-    ("finished_record", 6),  # the finished record (finished.pt) written, the summary not yet
-    ("summary_written", 6),  # the summary written, the checkpoint not yet removed
-    ("checkpoint_removed", 6),  # the checkpoint removed: the job's last act
-)
-KILL_STEPS, KILL_CKPT_EVERY = 6, 2
-
-
-def steps_retried(log: str) -> int:
-    """The step a retry's train.log says it went on from: a resume's, 0 for a start, all steps for
-    outputs written again from the finished record."""
-    if "no step recomputed" in log:
-        return KILL_STEPS
-    resumed = re.findall(r"resuming .* from step (\d+)", log)
-    assert resumed or "starting" in log, log
-    return int(resumed[-1]) if resumed else 0
-
-
 def test_a_job_killed_at_any_moment_costs_its_retry_at_most_one_checkpoint_interval(slurm_cluster, snakemake_slurm,
                                                                                     warm_outdirs, tmp_path):
-    """Each kill through real Slurm jobs: the killed job fails, snakemake deletes its outputs and
-    submits the retry, which recomputes at most `ckpt_every` finished steps and ends with the
-    undisturbed run's numbers. A kill after the cell's last write costs nothing: its retry writes
-    the outputs again from the finished record. Prints the table of docs/faults.md."""
+    """Each kill of conftest.KILLS through real Slurm jobs: the killed job fails, snakemake deletes its
+    outputs and submits the retry, which recomputes at most `ckpt_every` finished steps and ends with
+    the undisturbed run's numbers; after the cell's last write, none. Prints docs/faults.md's table."""
     out, config, shared = warm_outdirs
     cell = out["results_dir"] / "tiny" / "bf16" / "pg" / "seed0"
-    cfg = smoke_variant(tmp_path, train={"steps": KILL_STEPS, "ckpt_every": KILL_CKPT_EVERY, "eval_every": 2})
+    cfg = smoke_variant(tmp_path, train=KILL_TRAIN)
     cmd = slurm_cmd(snakemake_slurm, config, cell / "summary.json", extra=("--retries", "1", *shared), configfile=cfg)
-    p = run(cmd)  # undisturbed (and θ_0's evaluation, which every run below finds done)
-    assert p.returncode == 0, p.stderr[-4000:]
-    ref = pd.read_parquet(cell / "metrics.parquet")
-    cols = [c for c in ref.columns if not c.startswith("sec_")]
-    rows = []
-    for where, done in KILLS:
-        shutil.rmtree(cell)
-        pause = tmp_path / f"paused-{where.replace(':', '-')}"
-        env = {**os.environ, procs.PAUSE_ENV: where, procs.PAUSE_FILE_ENV: str(pause)}
-        start = time.monotonic()
-        with stopped_after(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env),
-                           signal.SIGINT) as proc:
-            pid = int(wait_for(f"the job stopped at {where}", lambda: pause.exists() and pause.read_text().strip(), 300, proc))
-            wait_for(f"the job's process {pid} stopped", lambda: procs._stat(pid) and procs._stat(pid)[0] == "T", 60, proc)
-            before = (cell / "train.log").read_text()
-            os.kill(pid, signal.SIGKILL)
-            output, _ = proc.communicate(timeout=900)
-        assert proc.returncode == 0, output[-4000:]
-        retry = (cell / "train.log").read_text().removeprefix(before)
-        jobs = re.findall(r"SLURM_JOB_ID=(\d+)", before + retry)
-        assert len(set(jobs)) == 2, before + retry  # the killed job and its retry, each a Slurm job
-        resumed = steps_retried(retry)
-        pd.testing.assert_frame_equal(ref[cols], pd.read_parquet(cell / "metrics.parquet")[cols])
-        rows.append((where, done, resumed, max(0, done - resumed), KILL_STEPS - resumed, round(time.monotonic() - start)))
-    table = "\n".join(f"| {w} | {d} | {r} | {lost} | {trained} | {sec} |" for w, d, r, lost, trained, sec in rows)
-    print("\n| killed at | steps done | retry went on from | finished steps recomputed | steps the retry trains | s |\n" + table)
-    assert all(lost <= KILL_CKPT_EVERY for _, _, _, lost, _, _ in rows), table
-    assert all(lost == 0 for w, _, _, lost, _, _ in rows if w in procs.PAUSE_POINTS[1:]), table
+    check_kill_table(kill_at_each_moment(cmd, cell, tmp_path))
