@@ -249,10 +249,11 @@ def test_the_cost_model_counts_the_answers_an_evaluation_generates(untrained_tin
     assert len(answers) == (3 * (1 + eval_samples) + 4 if eval_on == "pool" else 4 * (1 + eval_samples))
 
 
-def by_hand(arch: dict, dtype: str, T: int, R: int, correction: str) -> dict[str, float]:
+def by_hand(arch: dict, dtype: str, T: int, R: int, correction: str, flat_gradients: int = 3) -> dict[str, float]:
     """The documented memory model (docs/cluster.md, "Memory and time model") written out from its
     coefficients, in GiB, for a micro-batch of T padded and R response tokens: counted weights and
-    flat gradients, measured bytes per token."""
+    flat gradients (a fourth, θ before the SGD steps, where a correction takes several a batch),
+    measured bytes per token."""
     h, i, L, V = arch["hidden_size"], arch["intermediate_size"], arch["num_hidden_layers"], arch["vocab_size"]
     heads, kv_heads, d = arch["num_attention_heads"], arch["num_key_value_heads"], arch["head_dim"]
     P, c = cluster.param_count(arch), cluster.LAYER_BYTES[dtype]
@@ -261,7 +262,7 @@ def by_hand(arch: dict, dtype: str, T: int, R: int, correction: str) -> dict[str
     outside = cluster.OUTSIDE_LAYERS_BYTES["h"] * h + cluster.OUTSIDE_LAYERS_BYTES["one"]
     per_response_token = cluster.LOGIT_BYTES[correction] * V + cluster.HEAD_INPUT_BYTES[dtype] * h
     gib = 2**30
-    return dict(weights=P * (12 + 2 * (dtype == "bfloat16")) / gib, gradients=3 * 4 * P / gib,
+    return dict(weights=P * (12 + 2 * (dtype == "bfloat16")) / gib, gradients=flat_gradients * 4 * P / gib,
                 activations=T * (outside + L * layer) / gib, logits=R * per_response_token / gib)
 
 
@@ -276,15 +277,16 @@ def test_peak_memory_of_a_qwen3_0_6b_paper_job_from_its_config_json(tmp_path, mo
     layer = 2 * 1024 * 2048 + 2 * 1024 * 1024 + 2 * 128 + 3 * 1024 * 3072 + 2 * 1024
     assert mem.params == 151936 * 1024 + 28 * layer + 1024 == 596_049_920
     # 300-token responses: micro_batch 16 rows of 420 tokens (6,720 ≤ micro_batch_tokens 9,120); dlc, the
-    # grid's largest logits per response token; the fp8 and stale samplers' jobs run two engines
-    hand = by_hand(arch, "bfloat16", 16 * 420, 16 * 300, "dlc")
+    # grid's largest logits per response token; ppo_multi's 4 SGD steps a batch, a fourth flat gradient;
+    # the fp8 and stale samplers' jobs run two engines
+    hand = by_hand(arch, "bfloat16", 16 * 420, 16 * 300, "dlc", flat_gradients=4)
     assert (mem.rows, mem.response_tokens) == (16, 300)
     assert {k: getattr(mem, k) for k in hand} == pytest.approx(hand)
     assert mem.engines == pytest.approx(2 * 0.12 * cluster.GPU_GIB)
     # the worst response length up to max_tokens 1024: 8 rows of 1,020 fill micro_batch_tokens 9,120 exactly
     worst = cluster.worst_peak_memory(cfg, "qwen3-0.6b", arch)
     assert (worst.rows, worst.response_tokens) == (8, 1020)
-    assert worst.trainer == pytest.approx(sum(by_hand(arch, "bfloat16", 8 * 1140, 8 * 1020, "dlc").values()))
+    assert worst.trainer == pytest.approx(sum(by_hand(arch, "bfloat16", 8 * 1140, 8 * 1020, "dlc", 4).values()))
     text = cluster.plan_text(cfg)
     assert "peak memory of a job (cluster.peak_memory" in text
     assert f"  qwen3-0.6b: 0.60 B params; trainer {mem.trainer:.1f} GiB" in text and f"= {mem.total:.1f} GiB" in text
