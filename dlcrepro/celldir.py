@@ -1,11 +1,13 @@
 """A cell's directory, from its first file to its summary: `run_cell` runs (or resumes, or returns
 the finished, or copies a twin of) one grid cell into `out`.
 
-    out/config.yaml       the cell and its whole config (run_identity): what a checkpoint or a copy must match
+    out/config.yaml       the cell and its whole config; a checkpoint or a copy must match its numbers' part (run_identity)
     out/train.log         what happened, time-stamped (cell_log)
     out/checkpoint.pt     the run's state every ckpt_every steps, with its sidecar (checkpoint.py), removed at the end
     out/metrics.parquet   one row per step (train.Trainer.step)
     out/summary.json      the run's aggregates (summarize)
+    out/finished.pt       the finished run's rows and summary, with its sidecar, written before the summary and kept:
+                          a job stopped after it (whose outputs Snakemake deletes) is rewritten from it (rewrite_finished)
 
 The loop itself is train.py's (`train_steps`); a seed's θ_0 evaluation and a lagged sampler's shared
 rollouts, read here, are initial_eval.py's and rollouts.py's.
@@ -13,6 +15,8 @@ rollouts, read here, are initial_eval.py's and rollouts.py's.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import math
 import os
@@ -25,25 +29,27 @@ import pandas as pd
 import torch
 import yaml
 
-from . import analysis, checkpoint, divergence, paths, procs, rollouts, tracking
+from . import analysis, checkpoint, divergence, paths, procs, rollouts, stamped, tracking
 from .cluster import check_device
-from .config import Config, to_dict
+from .config import Config, ConfigError
 from .corrections import get_correction
 from .diagnostics import EVAL_COLUMNS, metric_columns
 from .grid import computed_as, get_sampler
 from .initial_eval import identity as initial_identity
 from .initial_eval import load_initial_eval
 from .preload import import_job_modules
+from .procs import pause_point
 from .registry import engine_topk
 from .train import Cell, Trainer, train_steps
 from .util import DamagedFileError, atomic_save, atomic_write_text, disk_full, log, remove_leftovers
 
-METRICS_FILE, SUMMARY_FILE, CONFIG_FILE, CKPT_FILE, LOG_FILE = (
+METRICS_FILE, SUMMARY_FILE, CONFIG_FILE, CKPT_FILE, LOG_FILE, FINISHED_FILE = (
     "metrics.parquet",
     "summary.json",
     "config.yaml",
     "checkpoint.pt",
     "train.log",
+    "finished.pt",
 )
 
 
@@ -95,20 +101,26 @@ def resource_use(tr: Trainer) -> dict:
 
 
 def run_identity(meta: dict, cfg: Config) -> dict:
-    """What makes a run this run: the cell and its whole config, as its config.yaml records them. A
-    checkpoint is resumed only by the run it names."""
-    return {"cell": meta, "config": to_dict(cfg)}
+    """What makes a run this run: what its numbers depend on (stamped.cell_identity, the one list of
+    those keys). A checkpoint is resumed, and a finished cell kept, only by the run it names."""
+    return stamped.cell_identity(stamped.run_record(meta, cfg))
+
+
+def finished_run(cell: Path) -> dict | None:
+    """The record (config.yaml) of the finished run in `cell`, None if it holds none (no summary,
+    table or config.yaml)."""
+    if not all((cell / f).exists() for f in (SUMMARY_FILE, METRICS_FILE, CONFIG_FILE)):
+        return None
+    return yaml.safe_load((cell / CONFIG_FILE).read_text()) or {}
 
 
 def finished_as(cell: Path, meta: dict, cfg: Config) -> bool:
-    """Whether `cell` holds a finished run of exactly this cell (`meta`) under exactly `cfg`."""
-    if not ((cell / SUMMARY_FILE).exists() and (cell / METRICS_FILE).exists() and (cell / CONFIG_FILE).exists()):
+    """Whether `cell` holds a finished run, computed there (not copied), of exactly this cell
+    (`meta`) and of the numbers of `cfg` (`run_identity`: where it is watched or written aside)."""
+    ran = finished_run(cell)
+    if ran is None or "computed_as" in ran:
         return False
-    ran = yaml.safe_load((cell / CONFIG_FILE).read_text()) or {}
-    want = yaml.safe_load(yaml.safe_dump({"cell": meta, "config": to_dict(cfg)}, sort_keys=False))
-    for c in (ran.get("config") or {}, want["config"]):
-        c.pop("tracking", None)  # where a run is watched is no part of what it computes
-    return ran.get("cell") == want["cell"] and ran.get("config") == want["config"] and "computed_as" not in ran
+    return not stamped.mismatch(stamped.cell_identity(ran), run_identity(meta, cfg))
 
 
 @contextmanager
@@ -136,7 +148,8 @@ def copy_cell(src: Path, out: Path, meta: dict, cfg: Config, why: str) -> dict:
     damaged = analysis.metrics_problem(src)
     if damaged:
         raise DamagedFileError(f"{src}: {damaged}; {out} copies it. Rerun that cell: delete {src} and rerun the same command")
-    atomic_write_text(out / CONFIG_FILE, yaml.safe_dump({"cell": meta, "computed_as": str(src), "why": why, "config": to_dict(cfg)}, sort_keys=False))
+    record = {"cell": meta, "computed_as": str(src), "why": why, **stamped.run_record(meta, cfg)}
+    atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(record, sort_keys=False))
     digest = atomic_save(out / METRICS_FILE, lambda tmp: shutil.copyfile(src / METRICS_FILE, tmp))
     ran = json.loads((src / SUMMARY_FILE).read_text())
     summary = {**ran, **meta, "computed_as": str(src), "why": why, "metrics_file": digest}
@@ -240,8 +253,7 @@ def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkp
     totals["setup"] = setup_sec
     if trackers.status:
         totals["tracking"] = trackers.seconds  # starting the trackers and each step's logging
-    df = pd.DataFrame(cell.rows)
-    digest = atomic_save(out / METRICS_FILE, lambda tmp: df.to_parquet(tmp, index=False))
+    digest = write_metrics(out, cell.rows)
     summary = summarize(cell.rows, cell, meta, totals)
     summary["wall_seconds"] = round(time.perf_counter() - t0, 1)
     summary["steps_timed"] = cell.step - first_step  # the steps seconds_by_phase covers
@@ -252,13 +264,84 @@ def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkp
     trackers.finish(summary)
     if trackers.status:
         summary["tracking"] = trackers.status
-    atomic_write_text(out / SUMMARY_FILE, json.dumps(summary, indent=1))
     if keep_checkpoint:  # the final θ_t and θ_s, e.g. for `python -m dlcrepro scan --checkpoint`
         tr.save_checkpoint(ckpt, cell, run)
-    else:
+    # from here on the work is kept outside the workflow's outputs, which Snakemake deletes when the
+    # job fails (a time limit, a node failure just after this): its retry writes them from this record
+    checkpoint.save(out / FINISHED_FILE, {"rows": cell.rows, "summary": summary}, finished_identity(meta, cfg), cell.step, None)
+    pause_point("finished_record")
+    atomic_write_text(out / SUMMARY_FILE, json.dumps(summary, indent=1))
+    pause_point("summary_written")
+    if not keep_checkpoint:
         checkpoint.remove(ckpt)
+        pause_point("checkpoint_removed")
     note(f"finished {out}: {json.dumps({k: summary[k] for k in ('final_test_accuracy', 'noise_floor_multiple', 'resync_steps', 'diverged_at_step')})}")
     return summary
+
+
+def write_metrics(out: Path, rows: list[dict]) -> dict:
+    """The run's metrics table, one row per step, atomically; its digest (what `collect` checks)."""
+    df = pd.DataFrame(rows)
+    return atomic_save(out / METRICS_FILE, lambda tmp: df.to_parquet(tmp, index=False))
+
+
+@functools.cache
+def code_digest() -> str:
+    """sha256 of the package's source (every dlcrepro/**/*.py, by path and bytes): the code a finished
+    record was computed by."""
+    root = Path(__file__).parent
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(f"{f.relative_to(root)}\0".encode() + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def finished_identity(meta: dict, cfg: Config) -> dict:
+    """What a finished record stands in for: the run's numbers (`run_identity`) as this code computes
+    them. Other code (a fix, then `--forcerun`) recomputes the cell rather than rewrite the old numbers."""
+    return {"run": run_identity(meta, cfg), "code": code_digest()}
+
+
+def rewrite_finished(out: Path, meta: dict, cfg: Config, keep_checkpoint: bool) -> dict | None:
+    """The summary of a run that finished in an earlier job stopped before it ended (Slurm's time
+    limit, a node failure, a kill after its last write), whose outputs Snakemake then deleted: its
+    metrics and summary written again from its finished record, no step recomputed. None if `out`
+    holds no record of this run; one of other numbers or code is removed, a damaged one set aside."""
+    path = out / FINISHED_FILE
+    if not path.exists():
+        return None
+    with cell_log(out / LOG_FILE) as note:
+        try:
+            blob, _ = checkpoint.load(path, finished_identity(meta, cfg))
+        except checkpoint.BadCheckpoint as e:
+            if e.kind == "other-run":  # results this cell no longer stands for: never work to keep
+                checkpoint.remove(path)
+                note(f"{e}: removed")
+            else:
+                note(f"{e}: set aside as {checkpoint.set_aside(path, e.kind)}")
+            return None
+        atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(stamped.run_record(meta, cfg), sort_keys=False))
+        summary = {**blob["summary"], "metrics_file": write_metrics(out, blob["rows"])}
+        atomic_write_text(out / SUMMARY_FILE, json.dumps(summary, indent=1))
+        if not keep_checkpoint:  # left by a job stopped between its record and the checkpoint's removal
+            checkpoint.remove(out / CKPT_FILE)
+        note(f"finished {out} in an earlier job, stopped before it ended: metrics and summary written again from "
+             f"{FINISHED_FILE}, no step recomputed")
+        return summary
+
+
+def finished_here(out: Path, meta: dict, cfg: Config) -> dict | None:
+    """The summary of the finished run in `out` if it is this cell's under the numbers of `cfg`
+    (computed or copied); None if `out` holds no finished run. A finished run of other numbers is
+    refused, naming what differs: its results are never overwritten in place."""
+    ran = finished_run(out)
+    if ran is None:
+        return None
+    diff = stamped.mismatch(stamped.cell_identity(ran), run_identity(meta, cfg))
+    if diff:
+        raise ConfigError(f"{out} holds a finished run of other numbers ({'; '.join(diff)}): "
+                          f"to train this one there, delete {out} and rerun the same command")
+    return json.loads((out / SUMMARY_FILE).read_text())
 
 
 def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, out: Path, model_dir: str | None = None,
@@ -268,11 +351,15 @@ def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, 
     `shared_rollouts`: its sampler's shared steps (rollouts.py); `initial_eval`: its seed's θ_0
     evaluation (initial_eval.py): the same numbers, computed once."""
     out = Path(out)
-    if (out / SUMMARY_FILE).exists() and (out / METRICS_FILE).exists():
-        return json.loads((out / SUMMARY_FILE).read_text())
     check_names(cfg, model, sampler, correction)
     mdir = cell_model_dir(cfg, model, model_dir)
     meta = {"model": model, "sampler": sampler, "correction": correction, "seed": seed, "model_dir": str(mdir)}
+    done = finished_here(out, meta, cfg)
+    if done is not None:
+        return done
+    done = rewrite_finished(out, meta, cfg, keep_checkpoint)
+    if done is not None:
+        return done
     src, why = same_run(cfg, meta, out)
     if src is not None:
         return copy_cell(src, out, meta, cfg, why)
@@ -281,7 +368,7 @@ def run_cell(cfg: Config, model: str, sampler: str, correction: str, seed: int, 
     # (summary's startup_seconds) then holds every import, its setup phase none
     import_job_modules()
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / CONFIG_FILE, yaml.safe_dump({"cell": meta, "config": to_dict(cfg)}, sort_keys=False))
+    atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(stamped.run_record(meta, cfg), sort_keys=False))
     with cell_log(out / LOG_FILE) as note:
         for tmp in remove_leftovers(out):  # a killed run's half-written file: never a result, only space taken
             note(f"removed {tmp.name}, left half-written by an earlier run")

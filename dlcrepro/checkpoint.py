@@ -2,7 +2,9 @@
 
 `checkpoint.pt` (the run's state, `torch.save`) has a sidecar, `checkpoint.pt.json`: the run it
 belongs to (`run`: the cell and its config, as the cell's config.yaml has them) and the size and
-sha256 of the checkpoint files it vouches for. A save writes the new state under a temporary name
+sha256 of the checkpoint files it vouches for. A run's checkpoint names it by what its numbers
+depend on (stamped.cell_identity, via celldir.run_identity): a change of anything else (its trackers,
+its paths) resumes it. A save writes the new state under a temporary name
 (flushed, fsynced), then the sidecar listing the new file and the one on disk, then renames the new
 file into place. So at every moment of a save the file named `checkpoint.pt` is one the sidecar
 lists: a kill anywhere leaves a checkpoint that verifies.
@@ -18,7 +20,8 @@ import json
 import os
 from pathlib import Path
 
-from .stamped import differences, normal
+from .procs import pause_point
+from .stamped import mismatch, normal
 from .util import atomic_save_stream, atomic_write_text, file_digest
 
 SIDECAR_SUFFIX = ".json"
@@ -44,6 +47,7 @@ def save(path: Path, blob: dict, run, step: int, on_disk: dict | None) -> dict:
     entry = {}
 
     def vouch(digest: dict) -> None:
+        pause_point("checkpoint_written")  # a test's kill mid-save (procs.py): the new file whole, not yet vouched for
         entry.update(digest, step=step)
         files = [entry] + ([on_disk] if on_disk else [])
         atomic_write_text(sidecar(path), json.dumps({"run": normal(run), "files": files}, indent=1))
@@ -63,9 +67,9 @@ def verify(path: Path, run=None) -> dict:
         raise BadCheckpoint(path, "unverified", f"has no {side.name} beside it: nothing vouches for its bytes") from None
     except (ValueError, KeyError, TypeError, OSError) as e:
         raise BadCheckpoint(path, "unverified", f"has an unreadable {side.name} ({e})") from None
-    if run is not None and meta.get("run") != normal(run):
-        diff = "; ".join(differences(meta.get("run"), normal(run))) or "another run"
-        raise BadCheckpoint(path, "other-run", f"is of another run ({diff})")
+    diff = [] if run is None else mismatch(meta.get("run"), run)
+    if diff:
+        raise BadCheckpoint(path, "other-run", f"is of another run ({'; '.join(diff)})")
     got = file_digest(path)
     for f in files:
         if (f.get("bytes"), f.get("sha256")) == (got["bytes"], got["sha256"]):

@@ -109,3 +109,31 @@ def stop_descendants(root: int | None = None, grace: float = 5.0, poll: float = 
     t = threading.Thread(target=keep_sweeping, name="stop-descendants", daemon=True)
     t.start()
     return t
+
+
+# A test stops a training job at a known moment to kill it there (tests/test_kills.py): with
+# DLCREPRO_PAUSE_AT=<point>[:<n>] (a step phase of phases.PHASES, entered for the n-th time in this
+# process, or one of PAUSE_POINTS) and DLCREPRO_PAUSE_FILE=<path>, the first process to reach it writes
+# its pid there and stops itself (SIGSTOP); one that finds the file already written goes on (a retry).
+PAUSE_ENV, PAUSE_FILE_ENV = "DLCREPRO_PAUSE_AT", "DLCREPRO_PAUSE_FILE"
+PAUSE_POINTS = ("checkpoint_written", "finished_record", "summary_written", "checkpoint_removed")
+_passes: dict[str, int] = {}
+
+
+def pause_point(point: str) -> None:
+    """Stop this process here if DLCREPRO_PAUSE_AT names this pass of `point` (above); else nothing."""
+    want = os.environ.get(PAUSE_ENV)
+    if not want:
+        return
+    _passes[point] = _passes.get(point, 0) + 1
+    name, _, n = want.partition(":")
+    path = os.environ.get(PAUSE_FILE_ENV)
+    if name != point or _passes[point] != int(n or 1) or not path:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:  # paused once already: this is the retry
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()}\n")
+    os.kill(os.getpid(), signal.SIGSTOP)

@@ -57,7 +57,8 @@ CORRECTION_INFO: dict[str, CorrectionInfo] = _infos(
     CorrectionInfo("is", "exp(b − e)·A·∇ℓ(y)", family="token IS"),
     CorrectionInfo("is_center", "exp(b − a)·A·c(y), q̃ ∝ q·exp(λ)", needs_q=True, family="centred"),
     CorrectionInfo("ppo", "PPO clip of π_θ/π_old", multi_update=True, family="no correction"),
-    # the paper's PPO read as several SGD steps per batch, the batch reused (F7 measured, not pg's)
+    # the paper's PPO read as several SGD steps per batch, the batch reused (F7 measured, not pg's). The paper
+    # gives no count: 4 is an assumption, verl's default ratio of rollout batch to mini-batch (docs/method.md#ppo_multi)
     CorrectionInfo("ppo_multi", "PPO clip of π_θ/π_old, 4 SGD steps per batch", multi_update=True, updates_per_batch=4,
                    family="several SGD steps per batch"),
     CorrectionInfo("dlc", "min(exp(b − a), C)·A·c(y), q̃ ∝ q·min(exp(λ), C); resync", resync=True, needs_q=True,

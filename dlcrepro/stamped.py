@@ -2,7 +2,10 @@
 checked on every load, so that a file of another run is refused, naming what differs.
 
 Three kinds use it: a run's checkpoint (its sidecar names the run: checkpoint.py), a lagged
-sampler's shared rollouts (rollouts.py) and a seed's θ_0 evaluation (initial_eval.py). The two shared
+sampler's shared rollouts (rollouts.py) and a seed's θ_0 evaluation (initial_eval.py); a finished
+cell's config.yaml is read the same way (celldir.finished_as). All compare identities through one
+function, `mismatch`. A cell's identity is what its numbers depend on (`cell_identity`, the one list
+of those keys), never where it is written, watched or scheduled. The two shared
 files, which stand in for an engine's output, name their model by its weights' hash and the node's
 kernel path (`model_and_kernels`). An identity
 is a dict of plain values (a config section as `to_dict` gives it, names, numbers); it is compared
@@ -14,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .config import ConfigError
+from .config import Config, ConfigError, to_dict
 from .util import DamagedFileError, atomic_save, atomic_write_text
 
 
@@ -33,6 +36,17 @@ def differences(there, here, prefix: str = "", limit: int = 4) -> list[str]:
     return [] if there == here else [f"{prefix.rstrip('.')}: {there!r} there, {here!r} here"]
 
 
+def mismatch(got, want, skip: tuple[str, ...] = ()) -> list[str]:
+    """Where two identities differ, as JSON reads them back, leaving out the top-level keys `skip`:
+    each difference as 'config.train.lr: 0.15 there, 0.3 here' (at most 4 a level); [] if they are
+    the same. The one comparison of identities: a checkpoint's (checkpoint.verify), a finished cell's
+    (celldir.finished_as) and a shared file's (`require_same`)."""
+    got, want = normal(got), normal(want)
+    if isinstance(got, dict) and isinstance(want, dict):
+        got, want = ({k: v for k, v in d.items() if k not in skip} for d in (got, want))
+    return differences(got, want)
+
+
 def differing_keys(got: dict, want: dict, skip: tuple[str, ...] = ()) -> list[str]:
     """The top-level keys whose values differ between two identities (as JSON reads them back), but `skip`."""
     got, want = normal(got), normal(want)
@@ -49,12 +63,50 @@ WHY = {
 def require_same(path: Path, got: dict, want: dict, what: str, skip: tuple[str, ...] = ()) -> None:
     """A ConfigError if the file at `path` was stamped `got` and this run wants `want` (but `skip`):
     '<path> holds <what> of another run: seed differ (seed: 1 there, 0 here); delete it and rerun its rule'."""
-    keys = differing_keys(got, want, skip)
-    if keys:
-        detail = "; ".join(differences({k: normal(got).get(k) for k in keys}, {k: normal(want).get(k) for k in keys}))
+    diff = mismatch(got, want, skip)
+    if diff:
+        keys = differing_keys(got, want, skip)
+        detail = "; ".join(diff)
         why = "".join(f"{WHY[k]} " for k in keys if k in WHY)
         raise ConfigError(f"{path} holds {what} of another run: {', '.join(keys)} differ ({detail}); "
                           f"{why}delete it and rerun its rule")
+
+
+# The one list of what a cell's numbers depend on, besides the cell itself (model, sampler,
+# correction, seed, model directory): these sections of its config, the train section with its
+# model's overrides applied, and its model's entry. Keys of those that are not its numbers are
+# named in NOT_NUMBERS: how often its state is saved (its checkpoints' own seconds aside, the same
+# rows), the model's Slurm resources, and its train overrides (merged into `train`).
+NUMBER_SECTIONS = ("task", "engine", "train")
+NOT_NUMBERS = {"train": ("ckpt_every",), "model": ("resources", "train")}
+# The config's other keys say where a run is written, watched, run or scheduled, never what it
+# computes: changing one neither restarts a resumed cell nor unfinishes a finished one.
+# tests/test_stamped.py fails on a config key in neither list.
+WORKFLOW_KEYS = ("name", "artifacts", "results_dir", "figures_dir", "tables_dir", "python", "fork_server", "train_env",
+                 "resources", "grid", "tracking")
+
+
+def run_record(meta: dict, cfg: Config) -> dict:
+    """A run as its config.yaml records it: its cell (`meta`) and its whole config."""
+    return {"cell": meta, "config": to_dict(cfg)}
+
+
+def cell_identity(record: dict) -> dict | None:
+    """What the numbers of the run `record` (`run_record`, or a config.yaml read back) depend on:
+    {"cell": ..., "config": {<NUMBER_SECTIONS>, "model": its entry}}, but NOT_NUMBERS. None for a
+    record without a cell and its model's config (e.g. written by another program)."""
+    try:
+        cell, config = record["cell"], record["config"]
+        model = dict(config["models"][cell["model"]])
+        sections = {k: dict(config[k]) for k in NUMBER_SECTIONS}
+    except (KeyError, TypeError, ValueError):
+        return None
+    sections["train"].update(model.get("train") or {})
+    sections["model"] = model
+    for section, keys in NOT_NUMBERS.items():
+        for k in keys:
+            sections[section].pop(k, None)
+    return normal({"cell": cell, "config": sections})
 
 
 def model_and_kernels(model_dir: Path, dtype: str) -> dict:

@@ -34,6 +34,7 @@ from .grid import get_sampler
 from .learner import BatchLogProbs, Learner, Probes, Scored
 from .model import load_model, load_tokenizer, make_token_batch
 from .phases import PHASES
+from .procs import pause_point
 from .registry import engine_topk, updates_per_batch
 from .seeds import derive_seed, step_problems
 from .util import DamagedFileError, log
@@ -47,6 +48,7 @@ class PhaseTimer:
 
     @contextmanager
     def __call__(self, phase: str):
+        pause_point(phase)  # a test's kill at a known moment (procs.py); nothing otherwise
         t = time.perf_counter()
         # names the phase in a torch profile (bench/cell_profile.py); a few µs when none records
         with torch.profiler.record_function(f"phase:{phase}"):

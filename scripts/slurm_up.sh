@@ -64,7 +64,10 @@ NodeName=${host} NodeAddr=127.0.0.1 ${layout} RealMemory=${mem} Gres=gpu:${NGPU}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
 )
-running() { scontrol ping 2>/dev/null | grep -q "is UP" && [[ $(sinfo -h -o %T 2>/dev/null | head -1) == idle* ]]; }
+# up: the controller answers and the node takes jobs (idle, or busy with someone's: mixed, allocated,
+# completing). Only idle once counted, so a second test run found a busy cluster "not running" and
+# restarted it (`slurmctld -c`), killing the first run's jobs.
+running() { scontrol ping 2>/dev/null | grep -q "is UP" && [[ $(sinfo -h -o %T 2>/dev/null | head -1) =~ ^(idle|mix|alloc|comp) ]]; }
 if running; then
   # a cluster this script started with another slurm.conf (an older checkout's) is restarted with
   # this one; anyone else's is left alone

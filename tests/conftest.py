@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -257,3 +258,74 @@ def rehearsal_cache(tmp_path_factory) -> Path:
                                 "--summary", str(cache / "summary.json")], cwd=ROOT, capture_output=True, text=True, timeout=1800)
             assert p.returncode == 0, p.stderr[-4000:]
     return cache
+
+
+# A job killed at each moment of its cell (dlcrepro/procs.py's pause points: the job stops itself
+# there, the test SIGKILLs it as a node failure would), its retry submitted by snakemake (`--retries`):
+# (where, the steps the cell had finished when killed). KILL_TRAIN: 6 steps, a checkpoint after steps
+# 2 and 4, so no retry may train again more than 2 finished steps.
+KILL_TRAIN = {"steps": 6, "ckpt_every": 2, "eval_every": 2}
+KILLS = (
+    ("sample:4", 3),  # step 4's sampling: steps 1-3 done, the checkpoint of step 2 on disk
+    ("update:4", 3),  # step 4's update, its batch sampled and scored
+    ("checkpoint_written:2", 4),  # mid-save of step 4's checkpoint: the new file whole, not yet vouched for
+    ("finished_record", 6),  # the finished record (finished.pt) written, the summary not yet
+    ("summary_written", 6),  # the summary written, the checkpoint not yet removed
+    ("checkpoint_removed", 6),  # the checkpoint removed: the job's last act
+)
+
+
+def steps_retried(log: str) -> int:
+    """The step a retry's train.log says it went on from: a resume's, 0 for a start, every step for
+    outputs written again from the finished record."""
+    if "no step recomputed" in log:
+        return KILL_TRAIN["steps"]
+    resumed = re.findall(r"resuming .* from step (\d+)", log)
+    assert resumed or "starting" in log, log
+    return int(resumed[-1]) if resumed else 0
+
+
+def kill_at_each_moment(cmd: list[str], cell: Path, tmp_path: Path, env: dict | None = None) -> list[tuple]:
+    """Run `cmd` (a snakemake making `cell`, with retries) once undisturbed, then once per KILLS: the
+    cell's directory deleted, its job stopped at that moment and SIGKILLed, its retry left to finish.
+    Each retry must end with the undisturbed run's numbers. Rows: (where, steps done, the step the
+    retry went on from, finished steps recomputed, steps it trained, seconds from start to its end)."""
+    import pandas as pd
+
+    from dlcrepro import procs
+
+    env = {**os.environ, **(env or {})}
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800, env=env)
+    assert p.returncode == 0, p.stderr[-4000:]
+    ref = pd.read_parquet(cell / "metrics.parquet")
+    cols = [c for c in ref.columns if not c.startswith("sec_")]
+    rows = []
+    for where, done in KILLS:
+        shutil.rmtree(cell)
+        pause = tmp_path / f"paused-{where.replace(':', '-')}"
+        start = time.monotonic()
+        paused = {**env, procs.PAUSE_ENV: where, procs.PAUSE_FILE_ENV: str(pause)}
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=paused)
+        with stopped_after(proc, signal.SIGINT):
+            pid = int(wait_for(f"the job stopped at {where}", lambda: pause.exists() and pause.read_text().strip(), 300, proc))
+            wait_for(f"its process {pid} stopped", lambda: (procs._stat(pid) or ("", 0))[0] == "T", 60, proc)
+            before = (cell / "train.log").read_text()
+            os.kill(pid, signal.SIGKILL)
+            output, _ = proc.communicate(timeout=900)
+        assert proc.returncode == 0, f"{where}: " + output[-4000:]
+        retry = (cell / "train.log").read_text().removeprefix(before)
+        went_on = steps_retried(retry)
+        pd.testing.assert_frame_equal(ref[cols], pd.read_parquet(cell / "metrics.parquet")[cols], obj=where)
+        rows.append((where, done, went_on, max(0, done - went_on), KILL_TRAIN["steps"] - went_on, round(time.monotonic() - start)))
+    return rows
+
+
+def check_kill_table(rows: list[tuple]) -> None:
+    """Print the rows as docs/faults.md's table; no retry recomputes more than one checkpoint interval,
+    and none after the finished record."""
+    table = "\n".join("| " + " | ".join(map(str, r)) + " |" for r in rows)
+    print("\n| killed at | steps finished | the retry went on from | finished steps recomputed | steps the retry trains "
+          "| seconds, start to the retry's end |\n" + table)
+    assert all(lost <= KILL_TRAIN["ckpt_every"] for _, _, _, lost, _, _ in rows), table
+    after = ("finished_record", "summary_written", "checkpoint_removed")
+    assert all(lost == 0 and trained == 0 for w, _, _, lost, trained, _ in rows if w in after), table

@@ -32,8 +32,11 @@ REHEARSAL = ROOT / "configs" / "rehearsal.yaml"
 PAPER = ROOT / "configs" / "paper.yaml"
 
 
-@pytest.mark.parametrize("overrides", [{}, {"train.updates_per_batch": 4}])
-def test_the_pilot_has_one_cell_of_each_cost_class_each_its_own_computation(overrides):
+WITH_PPO = {"grid.corrections": ["pg", "center", "is", "is_center", "ppo", "dlc", "is_resync"]}
+
+
+@pytest.mark.parametrize("overrides, n", [({}, 6), (WITH_PPO, 4), ({**WITH_PPO, "train.updates_per_batch": 4}, 6)])
+def test_the_pilot_has_one_cell_of_each_cost_class_each_its_own_computation(overrides, n):
     cfg = load_merged([str(REHEARSAL)], overrides)
     pilot = pilot_cells(cfg)
     classes = [cost_class(cfg, c.model, c.sampler, c.correction) for c in pilot]
@@ -42,8 +45,8 @@ def test_the_pilot_has_one_cell_of_each_cost_class_each_its_own_computation(over
     for c in pilot:  # never a copy: its own numbers, on a sampler synced every step
         assert computed_as(c.sampler, c.correction, cfg.train_for(c.model))[0] == c.correction
         assert c.sampler in ("bf16", "fp8")
-    # bf16 and fp8, with and without top-k; ppo apart only with several SGD steps per batch
-    assert len(pilot) == (6 if overrides else 4), pilot
+    # bf16 and fp8, with and without top-k; ppo_multi apart, ppo only with several SGD steps per batch
+    assert len(pilot) == n, pilot
 
 
 def test_a_lagged_cell_pays_sampling_and_syncs_only_after_its_shared_steps():

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 
 from conftest import PAPER_MODELS, QWEN3_CONFIGS, ROOT, SMOKE, cache_repo, fake_hf_cache
 from dlcrepro import cluster
@@ -39,15 +40,16 @@ def test_plan_of_the_paper_grid_counts_cells_gpu_hours_and_the_largest_job(tmp_p
     p = plan(fake_hf_cache(tmp_path / "hub"), PAPER)
     assert p.returncode == 0, p.stdout
     out = p.stdout
-    assert "168 cells: 120 trained, 48 copied" in out, out
+    assert "168 cells: 144 trained, 24 copied" in out, out
     rows = {m: line.split() for line in out.splitlines() for m in ("qwen3-0.6b", "qwen3-1.7b", "total") if line.startswith(m)}
     # cells, trained, copied, done; GPU-hours requested (Σ runtime × GPUs: copies ask for none) and
-    # estimated by the cost model (52.8 and 83.4 minutes per trained job: test_cost_model_minutes_per_paper_job),
+    # estimated by the cost model (52.8 and 83.4 minutes per trained job, 73.8 and 117.4 per ppo_multi job:
+    # test_cost_model_minutes_per_paper_job),
     # the 12 shared-rollouts jobs, 2 lagged samplers x 3 seeds per model (test_shared_rollouts_in_the_plan),
     # and the 6 θ_0 evaluations, one per model and seed (test_initial_evaluations_in_the_plan)
-    assert rows["qwen3-0.6b"][1:5] == ["84", "60", "24", "0"] and "112.5" in rows["qwen3-0.6b"] and "(53 min/job)" in p.stdout
-    assert rows["qwen3-1.7b"][1:5] == ["84", "60", "24", "0"] and "174.0" in rows["qwen3-1.7b"] and "(83 min/job)" in p.stdout
-    assert rows["total"][1:] == ["168", "120", "48", "286.5", "132.9"]
+    assert rows["qwen3-0.6b"][1:5] == ["84", "72", "12", "0"] and "134.5" in rows["qwen3-0.6b"] and "(53-74 min/job)" in p.stdout
+    assert rows["qwen3-1.7b"][1:5] == ["84", "72", "12", "0"] and "208.0" in rows["qwen3-1.7b"] and "(83-117 min/job)" in p.stdout
+    assert rows["total"][1:] == ["168", "144", "24", "342.5", "169.7"]
     assert "shared rollouts: 12 job(s) first" in out and "θ_0 evaluations: 6 job(s) first" in out
     assert "largest single job: train qwen3-1.7b/" in out and "1 GPU, 170 min, 96000 MB, 8 CPUs" in out
     assert out.count(": ok (") == 3 and "MISSING" not in out
@@ -116,20 +118,43 @@ def test_cost_model_minutes_per_paper_job():
     """By hand, seconds: 40 steps × (trainer share + 3 engine batches of 512 × 300 tokens + syncs)
     + 4 evaluations (steps 10..40; θ_0's is its seed's job's) × 1,024 × (1 greedy + 8 sampled)
     answers × 300 tokens + 180 engine start. 0.6B: 40 × (34.8 + 23.04 + 3) + 4 × 9216 × 300 / 20000
-    + 180 = 3166.56; 1.7B: 40 × (53.2 + 38.4 + 6) + 4 × 9216 × 300 / 12000 + 180 = 5005.6."""
+    + 180 = 3166.56; 1.7B: 40 × (53.2 + 38.4 + 6) + 4 × 9216 × 300 / 12000 + 180 = 5005.6. A ppo_multi
+    job takes 3 more correction gradients a step: 40 × 3 × 10.5 = 1260 s more (0.6B), 40 × 3 × 17 = 2040 (1.7B)."""
     cfg = cluster.load_merged([str(PAPER)])
     assert cluster.estimated_minutes(cfg, "qwen3-0.6b") == pytest.approx(3166.56 / 60)
     assert cluster.estimated_minutes(cfg, "qwen3-1.7b") == pytest.approx(5005.6 / 60)
+    assert cluster.estimated_minutes(cfg, "qwen3-0.6b", "pg") == pytest.approx(3166.56 / 60)
+    assert cluster.estimated_minutes(cfg, "qwen3-0.6b", "ppo_multi") == pytest.approx((3166.56 + 1260) / 60)
+    assert cluster.estimated_minutes(cfg, "qwen3-1.7b", "ppo_multi") == pytest.approx((5005.6 + 2040) / 60)
     assert cluster.estimated_minutes(load(SMOKE), "tiny") is None  # a CPU model: not in the GPU cost model
+
+
+def test_the_plan_states_what_a_failure_can_cost_from_the_checkpoint_interval_and_the_profiles_retries():
+    """By hand, minutes: a failure loses at most one checkpoint interval (5 of 40 steps) at the cell's
+    mean step and the engines' start (3): 0.6B (52.776 - 3) / 40 x 5 + 3 = 9.222, a ppo_multi cell
+    (73.776 - 3) / 40 x 5 + 3 = 11.847; without checkpoints, the whole job. The profile retries twice."""
+    cfg = cluster.load_merged([str(PAPER)])
+    assert cluster.failure_minutes(cfg, "qwen3-0.6b", "pg") == pytest.approx((52.776 - 3) / 40 * 5 + 3)
+    assert cluster.failure_minutes(cfg, "qwen3-0.6b", "ppo_multi") == pytest.approx((73.776 - 3) / 40 * 5 + 3)
+    whole = cluster.load_merged([str(PAPER)], {"train.ckpt_every": 0})
+    assert cluster.failure_minutes(whole, "qwen3-0.6b", "pg") == pytest.approx(cluster.estimated_minutes(whole, "qwen3-0.6b"))
+    assert cluster.profile_retries() == yaml.safe_load(cluster.SLURM_PROFILE.read_text())["retries"] == 2
+    text = "\n".join(cluster.failure_lines(cfg, cluster.grid_cells(cfg), 2, "slurm/config.yaml"))
+    assert "slurm/config.yaml: 2 retries" in text
+    assert "qwen3-0.6b (a checkpoint every 5 of 40 steps): ≤ 9.2-11.8 GPU-min a failure, ≤ 23.7 a job failing 2 times" in text
+    # 2 x (60 x 9.222 + 12 x 11.847) / 60 = 23.2 GPU-hours if every 0.6B job failed twice
+    assert "≤ 23.2 GPU-h if every trained job did" in text
+    assert cluster.failure_lines(load(SMOKE), cluster.grid_cells(load(SMOKE)), 2, "p") == []  # a CPU study
 
 
 def test_shared_rollouts_in_the_plan():
     """By hand, minutes: a rollouts job generates 40 steps x 512 responses x 300 tokens (0.6B at 20,000
     tokens/s: 5.12; 1.7B at 12,000: 8.53) and starts one engine (1.5): 6.62 and 10.03, requested at
-    twice that rounded up to 10 minutes (20, 30). Each of the 4 trained lagged cells per sampler and
-    seed that never resync (pg, center, is, is_center; ppo is pg's copy) no longer samples them:
-    6 x (6.62 - 4 x 5.12) = -83.2 min for 0.6B and 6 x (10.03 - 4 x 8.53) = -144.6 for 1.7B, beside
-    the 60 trained jobs' 60 x 52.78 and 60 x 83.43 minutes and 20 and 30 minutes requested a job."""
+    twice that rounded up to 10 minutes (20, 30). Each of the 5 trained lagged cells per sampler and
+    seed that never resync (pg, center, is, is_center, ppo_multi) no longer samples them:
+    6 x (6.62 - 5 x 5.12) = -113.9 min for 0.6B and 6 x (10.03 - 5 x 8.53) = -195.8 for 1.7B, beside
+    the 72 trained jobs' 60 x 52.78 + 12 x 73.78 and 60 x 83.43 + 12 x 117.43 minutes and 20 and 30
+    minutes requested a job."""
     cfg = cluster.load_merged([str(PAPER)])
     assert len(cluster.rollouts_jobs(cfg)) == 12
     assert cluster.rollouts_minutes(cfg, "qwen3-0.6b", "stale") == pytest.approx(40 * 512 * 300 / 20000 / 60 + 1.5)
@@ -142,9 +167,9 @@ def test_initial_evaluations_in_the_plan():
     """By hand, minutes: a θ_0 evaluation job answers 1,024 problems × 9 times × 300 tokens (0.6B at
     20,000 tokens/s: 2.30; 1.7B at 12,000: 3.84) and starts one engine (1.5): 3.80 and 5.34, requested
     at twice that rounded up to 10 minutes (10, 20); one per model and seed. With the rollouts
-    (test_shared_rollouts_in_the_plan): 0.6B 60 x 52.776 - 83.16 + 3 x 3.804 = 3094.8 min = 51.6 h,
-    requested 60 x 110 + 6 x 20 + 3 x 10 min = 112.5 h; 1.7B 60 x 83.427 - 144.6 + 3 x 5.34 =
-    4877.0 min = 81.3 h, requested 60 x 170 + 6 x 30 + 3 x 20 min = 174.0 h (the plan test)."""
+    (test_shared_rollouts_in_the_plan): 0.6B 60 x 52.776 + 12 x 73.776 - 113.9 + 3 x 3.804 = 3949.4
+    min = 65.8 h, requested 72 x 110 + 6 x 20 + 3 x 10 min = 134.5 h; 1.7B 60 x 83.427 + 12 x 117.427 -
+    195.8 + 3 x 5.34 = 6234.9 min = 103.9 h, requested 72 x 170 + 6 x 30 + 3 x 20 min = 208.0 h (the plan test)."""
     cfg = cluster.load_merged([str(PAPER)])
     assert cluster.initial_eval_jobs(cfg) == [(m, s) for m in ("qwen3-0.6b", "qwen3-1.7b") for s in (0, 1, 2)]
     assert cluster.initial_eval_minutes(cfg, "qwen3-0.6b") == pytest.approx(9216 * 300 / 20000 / 60 + 1.5)
@@ -224,10 +249,11 @@ def test_the_cost_model_counts_the_answers_an_evaluation_generates(untrained_tin
     assert len(answers) == (3 * (1 + eval_samples) + 4 if eval_on == "pool" else 4 * (1 + eval_samples))
 
 
-def by_hand(arch: dict, dtype: str, T: int, R: int, correction: str) -> dict[str, float]:
+def by_hand(arch: dict, dtype: str, T: int, R: int, correction: str, flat_gradients: int = 3) -> dict[str, float]:
     """The documented memory model (docs/cluster.md, "Memory and time model") written out from its
     coefficients, in GiB, for a micro-batch of T padded and R response tokens: counted weights and
-    flat gradients, measured bytes per token."""
+    flat gradients (a fourth, θ before the SGD steps, where a correction takes several a batch),
+    measured bytes per token."""
     h, i, L, V = arch["hidden_size"], arch["intermediate_size"], arch["num_hidden_layers"], arch["vocab_size"]
     heads, kv_heads, d = arch["num_attention_heads"], arch["num_key_value_heads"], arch["head_dim"]
     P, c = cluster.param_count(arch), cluster.LAYER_BYTES[dtype]
@@ -236,7 +262,7 @@ def by_hand(arch: dict, dtype: str, T: int, R: int, correction: str) -> dict[str
     outside = cluster.OUTSIDE_LAYERS_BYTES["h"] * h + cluster.OUTSIDE_LAYERS_BYTES["one"]
     per_response_token = cluster.LOGIT_BYTES[correction] * V + cluster.HEAD_INPUT_BYTES[dtype] * h
     gib = 2**30
-    return dict(weights=P * (12 + 2 * (dtype == "bfloat16")) / gib, gradients=3 * 4 * P / gib,
+    return dict(weights=P * (12 + 2 * (dtype == "bfloat16")) / gib, gradients=flat_gradients * 4 * P / gib,
                 activations=T * (outside + L * layer) / gib, logits=R * per_response_token / gib)
 
 
@@ -251,15 +277,16 @@ def test_peak_memory_of_a_qwen3_0_6b_paper_job_from_its_config_json(tmp_path, mo
     layer = 2 * 1024 * 2048 + 2 * 1024 * 1024 + 2 * 128 + 3 * 1024 * 3072 + 2 * 1024
     assert mem.params == 151936 * 1024 + 28 * layer + 1024 == 596_049_920
     # 300-token responses: micro_batch 16 rows of 420 tokens (6,720 ≤ micro_batch_tokens 9,120); dlc, the
-    # grid's largest logits per response token; the fp8 and stale samplers' jobs run two engines
-    hand = by_hand(arch, "bfloat16", 16 * 420, 16 * 300, "dlc")
+    # grid's largest logits per response token; ppo_multi's 4 SGD steps a batch, a fourth flat gradient;
+    # the fp8 and stale samplers' jobs run two engines
+    hand = by_hand(arch, "bfloat16", 16 * 420, 16 * 300, "dlc", flat_gradients=4)
     assert (mem.rows, mem.response_tokens) == (16, 300)
     assert {k: getattr(mem, k) for k in hand} == pytest.approx(hand)
     assert mem.engines == pytest.approx(2 * 0.12 * cluster.GPU_GIB)
     # the worst response length up to max_tokens 1024: 8 rows of 1,020 fill micro_batch_tokens 9,120 exactly
     worst = cluster.worst_peak_memory(cfg, "qwen3-0.6b", arch)
     assert (worst.rows, worst.response_tokens) == (8, 1020)
-    assert worst.trainer == pytest.approx(sum(by_hand(arch, "bfloat16", 8 * 1140, 8 * 1020, "dlc").values()))
+    assert worst.trainer == pytest.approx(sum(by_hand(arch, "bfloat16", 8 * 1140, 8 * 1020, "dlc", 4).values()))
     text = cluster.plan_text(cfg)
     assert "peak memory of a job (cluster.peak_memory" in text
     assert f"  qwen3-0.6b: 0.60 B params; trainer {mem.trainer:.1f} GiB" in text and f"= {mem.total:.1f} GiB" in text
@@ -379,7 +406,7 @@ def test_a_dry_run_of_the_paper_grid_prints_the_plan_first(tmp_path):
     p = snakemake_dry_run(fake_hf_cache(tmp_path / "hub"), PAPER)
     text = p.stdout
     assert p.returncode == 0, text[-3000:]
-    assert text.index("168 cells: 120 trained, 48 copied") < text.index("Job stats")
+    assert text.index("168 cells: 144 trained, 24 copied") < text.index("Job stats")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch has no CUDA device")

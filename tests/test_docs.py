@@ -351,13 +351,15 @@ def test_readme_gpu_hours_are_the_plans():
     cfg = load(ROOT / "configs" / "paper.yaml")
     plan = cluster.plan_text(cfg, "configs/paper.yaml")
     per_job = {m: f"{cluster.estimated_minutes(cfg, m):.1f}" for m in ("qwen3-0.6b", "qwen3-1.7b")}
+    ppo = {m: f"{cluster.estimated_minutes(cfg, m, 'ppo_multi'):.1f}" for m in ("qwen3-0.6b", "qwen3-1.7b")}
     total = re.search(r"^total\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+\.\d)\s+(\d+\.\d)$", plan, re.M)
     shared = re.search(r"^shared rollouts: (\d+) job", plan, re.M)
     initial = re.search(r"^θ_0 evaluations: (\d+) job", plan, re.M)
     assert total and shared and initial, plan
     cells, trained, copied, requested, estimated = total.groups()
     text = " ".join(README.read_text(encoding="utf-8").split())
-    assert f"{per_job['qwen3-0.6b']} minutes per Qwen3-0.6B job and {per_job['qwen3-1.7b']} per Qwen3-1.7B job" in text
+    assert (f"{per_job['qwen3-0.6b']} minutes per Qwen3-0.6B job and {per_job['qwen3-1.7b']} per Qwen3-1.7B job "
+            f"({ppo['qwen3-0.6b']} and {ppo['qwen3-1.7b']} for a `ppo_multi` job") in text
     assert (f"{estimated} GPU-hours for the {trained} trained cells, {shared.group(1)} rollouts jobs and {initial.group(1)} θ_0 "
             f"evaluations ({float(requested):g} requested") in text
     assert f"{cells} cells, {trained} GPU jobs + {shared.group(1)} rollouts jobs + {initial.group(1)} θ_0 evaluations + {copied} copies without a GPU" in text

@@ -109,6 +109,53 @@ def test_kill_and_resume_gives_the_same_metrics_as_an_uninterrupted_run(tiny_mod
     assert [s["steps_timed"] for s in summaries] == [6, 6 - resumed_at]
 
 
+def test_a_tracking_change_resumes_and_keeps_a_finished_cell_and_a_learning_rate_change_does_neither(tiny_model_dir, tmp_path):
+    """What a cell's numbers depend on (stamped.cell_identity) decides both a resume and whether a
+    cell is finished: where it is watched does not, its learning rate does."""
+    out = tmp_path / "cell"
+    watched = ("tracking.backends=[tensorboard]", f"tracking.tensorboard_dir={tmp_path / 'tb'}")
+    cmd = lambda *sets: train_cmd(tiny_model_dir, out, "stale", "pg", *sets) + ["--keep-checkpoint"]  # noqa: E731
+    p = run(cmd())
+    assert p.returncode == 0, p.stderr[-3000:]
+    table, log = (out / "metrics.parquet").read_bytes(), (out / "train.log").read_text()
+    ref = pd.read_parquet(out / "metrics.parquet")
+    assert "starting" in log and (out / "checkpoint.pt").exists()  # the final state, kept
+
+    p = run(cmd(*watched))  # finished: kept as it is, nothing trained
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert (out / "metrics.parquet").read_bytes() == table and (out / "train.log").read_text() == log
+    p = run(cmd("train.lr=0.15"))  # finished under other numbers: refused, never overwritten
+    assert p.returncode == 2, p.stderr
+    assert "holds a finished run of other numbers (config.train.lr: 0.3 there, 0.15 here)" in p.stderr, p.stderr
+    assert (out / "metrics.parquet").read_bytes() == table
+
+    def without_outputs():  # what Snakemake leaves of a job that failed after its last write
+        for f in ("metrics.parquet", "summary.json"):
+            (out / f).unlink()
+
+    def since(text):
+        return (out / "train.log").read_text().removeprefix(text)
+
+    cols = [c for c in ref.columns if not c.startswith("sec_")]
+    without_outputs()
+    p = run(cmd(*watched))  # written again from the finished record: not one step recomputed
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "written again from finished.pt, no step recomputed" in since(log) and "resuming" not in since(log)
+    assert (out / "metrics.parquet").read_bytes() == table
+    without_outputs()
+    (out / "finished.pt").unlink()  # a job stopped after its last checkpoint, before its record
+    log = (out / "train.log").read_text()
+    p = run(cmd(*watched))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "resuming" in since(log)
+    pd.testing.assert_frame_equal(ref[cols], pd.read_parquet(out / "metrics.parquet")[cols])
+    without_outputs()
+    p = run(cmd("train.lr=0.15"))  # neither the record nor the checkpoint is this run's
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "finished.pt is of another run (run.config.train.lr: 0.3 there, 0.15 here): removed" in p.stderr, p.stderr
+    assert "is of another run (config.train.lr: 0.3 there, 0.15 here)" in p.stderr and "again from step 0" in p.stderr, p.stderr
+
+
 def test_forced_threshold_resyncs_and_no_update_uses_a_batch_below_it(tiny_model_dir, tmp_path):
     out = tmp_path / "resync"
     p = run(train_cmd(tiny_model_dir, out, "stale", "is_resync", "train.resync_ess=0.9999", "train.steps=6"))

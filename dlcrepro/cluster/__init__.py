@@ -51,6 +51,7 @@ from .costs import (
     StepCost,
     estimated_minutes,
     eval_answers_per_eval,
+    failure_minutes,
     initial_eval_minutes,
     rollouts_minutes,
     shared_sampling_minutes,
@@ -69,7 +70,7 @@ from .memory import (
     peak_memory,
     worst_peak_memory,
 )
-from .plan import load_merged, memory_line, plan_text
+from .plan import SLURM_PROFILE, failure_lines, load_merged, memory_line, plan_text, profile_retries
 from .resources import COPY_RESOURCES, JOBS, TRAIN_DEFAULTS, gpu_key, gres, job_resources
 
 __all__ = [
@@ -78,7 +79,9 @@ __all__ = [
     "COPY_RESOURCES", "COST_MODEL", "ENGINE_START_S", "GPU_GIB", "HEAD_INPUT_BYTES", "JOBS", "LAYER_BYTES", "LOGIT_BYTES",
     "OUTSIDE_LAYERS_BYTES", "PROMPT_TOKENS", "RESPONSE_TOKENS", "TRAIN_DEFAULTS", "DeviceError", "GridCell", "Need",
     "PeakMemory", "StepCost", "blocking", "check_device", "checkpoint_problem", "copy_source", "estimated_minutes",
-    "eval_answers_per_eval", "finished", "gpu_key", "gres", "grid_cells", "initial_eval_jobs", "initial_eval_minutes",
+    "eval_answers_per_eval", "failure_minutes",
+    "finished", "gpu_key", "gres", "grid_cells", "initial_eval_jobs", "initial_eval_minutes",
+    "SLURM_PROFILE", "failure_lines", "profile_retries",
     "job_resources", "load_merged", "memory_line", "missing_message", "needs", "param_count", "peak_memory", "plan_text",
     "rollouts_jobs", "rollouts_minutes", "rollouts_topk", "scan_corrections", "shared_sampling_minutes", "step_cost", "worst_peak_memory",
 ]

@@ -268,12 +268,12 @@ def request_mem_mb(peak_mb: float) -> int:
     return max(1000, 1000 * math.ceil(MEM_MARGIN * peak_mb / 1000))
 
 
-def _uncalibrated(cfg: Config, kind: str, model: str, sampler: str | None) -> tuple[dict, float | None]:
+def _uncalibrated(cfg: Config, kind: str, model: str, sampler: str | None, correction: str | None) -> tuple[dict, float | None]:
     """The request and the cost model's minutes a job has without a calibration."""
     from .resources import job_resources
 
     r = job_resources(cfg, model, "train" if kind == "pilot" else kind, sampler)
-    est = {"train": lambda: estimated_minutes(cfg, model), "pilot": lambda: None, "copy": lambda: None,
+    est = {"train": lambda: estimated_minutes(cfg, model, correction), "pilot": lambda: None, "copy": lambda: None,
            "rollouts": lambda: rollouts_minutes(cfg, model, sampler), "initial_eval": lambda: initial_eval_minutes(cfg, model)}[kind]()
     return r, est
 
@@ -300,7 +300,7 @@ def project(cfg: Config, measured: list[dict]) -> list[dict]:
     ran = {(r["kind"], r["name"]): r for r in measured}
     rows = []
     for j in all_jobs(cfg):
-        r, est = _uncalibrated(cfg, j["kind"], j["model"], j["sampler"])
+        r, est = _uncalibrated(cfg, j["kind"], j["model"], j["sampler"], j["correction"])
         row = {**{k: j[k] for k in ("kind", "name", "model", "sampler", "correction")}, "class": j["cls"], "gpu": r["gpu"],
                "assumed_minutes": est, "runtime_uncalibrated": r["runtime"], "mem_mb_uncalibrated": r["mem_mb"],
                "minutes": est, "peak_host_mb": None, "source": "assumed", "basis": "the H200 cost model" if est is not None else "none"}

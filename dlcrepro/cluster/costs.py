@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..config import Config
 from ..grid import get_sampler
+from ..registry import updates_per_batch
 
 # docs/cluster.md, "Runtime and GPU-hours": the trainer's share of a paper step measured on one H200
 # (gpu_check piece `paper-trainer`, 512 sequences, ~150k response tokens); the engine's share is a
@@ -43,22 +44,44 @@ def step_cost(cfg: Config, model: str) -> StepCost | None:
     return None
 
 
-def estimated_minutes(cfg: Config, model: str) -> float | None:
-    """Minutes of one trained cell by the cost model (None: the model is not in it):
-    steps × (trainer shares scaled to the batch + probe share × probes + generated tokens /
-    throughput + syncs) + evaluations + engine start."""
+def estimated_minutes(cfg: Config, model: str, correction: str | None = None) -> float | None:
+    """Minutes of one trained cell of `correction` (None: one SGD step per batch) by the cost model
+    (None: the model is not in it): steps × (trainer shares scaled to the batch, the correction's
+    gradient once per SGD step + probe share × probes + generated tokens / throughput + syncs) +
+    evaluations + engine start. A further SGD step on the batch (registry.updates_per_batch:
+    ppo_multi's 4) is a fresh correction gradient at the moved θ, θ_s's forward included
+    (Learner.update), priced as the one measured."""
     cost = step_cost(cfg, model)
     if cost is None:
         return None
     t = cfg.train_for(model)
     batch = t.prompts_per_step * t.responses_per_prompt
     scale, probe_share = batch / COST_BATCH, 1 / t.probe_every
+    sgd_steps = 1 if correction is None else updates_per_batch(correction, t)
     engine_tokens = batch * RESPONSE_TOKENS * (1 + 2 * probe_share)  # the run's batch and two probe batches
-    step = scale * (cost.logprobs_s + cost.correction_s + probe_share * cost.probes_s) + engine_tokens / cost.engine_tokens_per_s + cost.sync_s
+    trainer = cost.logprobs_s + sgd_steps * cost.correction_s + probe_share * cost.probes_s
+    step = scale * trainer + engine_tokens / cost.engine_tokens_per_s + cost.sync_s
     eval_steps = {k for k in range(1, t.steps + 1) if k % t.eval_every == 0} | {t.steps}
     # each eval step's; θ_0's is its seed's initial_eval job's (initial_eval_minutes)
     evals = len(eval_steps) * eval_answers_per_eval(cfg, model) * RESPONSE_TOKENS / cost.engine_tokens_per_s
     return (t.steps * step + evals + ENGINE_START_S) / 60
+
+
+def failure_minutes(cfg: Config, model: str, correction: str | None = None) -> float | None:
+    """Minutes of one GPU that a failed training job (a node failure, a preemption, its time limit)
+    can cost its retry by the cost model, None where the model is not in it: the steps since its last
+    checkpoint, at most one interval (train.ckpt_every; every step without), at the cell's mean step
+    (`estimated_minutes` less the start, its evaluations spread), and the engines' start again:
+
+        min(ckpt_every or steps, steps) × (estimated − start) / steps + start.
+
+    A job stopped after its last write costs its retry no step (celldir.rewrite_finished)."""
+    est = estimated_minutes(cfg, model, correction)
+    if est is None:
+        return None
+    t = cfg.train_for(model)
+    start = ENGINE_START_S / 60
+    return min(t.ckpt_every or t.steps, t.steps) * (est - start) / t.steps + start
 
 
 def initial_eval_minutes(cfg: Config, model: str) -> float | None:

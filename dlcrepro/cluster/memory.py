@@ -35,8 +35,10 @@ OUTSIDE_LAYERS_BYTES = dict(h=8, one=132)  # per padded token: the embedding's o
 # a correction reads them), the same in float32 and bf16 (`bench/memory_model.py logits`). `probe`: an
 # on-policy probe's gradient (`Learner.pg_grad`); the others: the correction's gradient
 # (`Learner.correction_grad`, θ_s's forward included). A correction not listed takes the largest.
+# ppo_multi is ppo's loss (corrections.ppo), one gradient at a time over its SGD steps: ppo's bytes.
 LOGIT_BYTES = {"probe": 12, "pg": 20, "center": 33, "is": 20, "is_center": 33, "ppo": 20, "dlc": 36, "is_resync": 20,
                "tis": 20, "seq_tis": 20, "seq_mis": 20, "geo_rs": 20, "icepop": 20, "decoupled_ppo": 20, "center_tis": 44}
+LOGIT_BYTES["ppo_multi"] = LOGIT_BYTES["ppo"]
 HEAD_INPUT_BYTES = {"bfloat16": 2, "float32": 4}  # × h per response token: the head's input (its dtype's bytes)
 GPU_GIB = 139.8  # an H200 as torch.cuda reports it (the cost model's GPU)
 GIB = 2**30

@@ -13,7 +13,8 @@ from ..registry import correction_info
 from .cache import blocking, needs
 from .calibrate import PILOT_DIR, PILOT_STEPS, calibration_path, load_calibration, pilot_cells, pilot_initial_eval_jobs, pilot_rollouts_jobs
 from .cells import finished, grid_cells, initial_eval_jobs, rollouts_jobs
-from .costs import RESPONSE_TOKENS, estimated_minutes, initial_eval_minutes, rollouts_minutes, shared_sampling_minutes
+from .costs import (RESPONSE_TOKENS, estimated_minutes, failure_minutes, initial_eval_minutes, rollouts_minutes,
+                    shared_sampling_minutes)
 from .memory import GPU_GIB, PROMPT_TOKENS, engines_per_job, peak_memory, worst_peak_memory
 from .resources import gpu_minutes, job_resources
 
@@ -35,6 +36,48 @@ def memory_line(cfg: Config, model: str, snapshot: Path | None) -> str:
         f"+ engines {mem.engines:.1f} GiB ({share}) = {mem.total:.1f} GiB; at worst {worst.total:.1f} GiB{card} "
         f"({worst.rows} responses of {worst.response_tokens} tokens per micro-batch, engine.max_tokens={cfg.engine.max_tokens})"
     )
+
+
+# The users' Slurm profile (the repository's slurm/config.yaml): its `retries` is how often snakemake
+# submits a failed job again, each time with twice the runtime (resources.job_resources' `attempt`).
+SLURM_PROFILE = Path(__file__).resolve().parents[2] / "slurm" / "config.yaml"
+
+
+def profile_retries(path: Path = SLURM_PROFILE) -> int | None:
+    """A Snakemake profile's `retries` (0 where it sets none; None: no profile file there)."""
+    import yaml
+
+    if not Path(path).is_file():
+        return None
+    return int((yaml.safe_load(Path(path).read_text()) or {}).get("retries", 0))
+
+
+def failure_lines(cfg: Config, cells, retries: int | None, profile: str) -> list[str]:
+    """The plan's lines on what a failed training job can cost (costs.failure_minutes), per model: one
+    failure, a job that uses every retry of the profile, and the grid if every trained job did."""
+    if not any(job_resources(cfg, m)["gpu"] for m in cfg.grid.models):
+        return []  # a CPU study: nothing billed by the GPU-hour
+    n = 1 if retries is None else retries
+    head = f"{profile}: {retries} retries, each with twice the runtime" if retries is not None else f"no {profile}: 1 retry"
+    lines = ["", f"what a failure costs ({head}): a training job stopped by a node failure, a preemption or its time limit "
+                 "resumes from its last checkpoint, losing at most one checkpoint interval and the engines' start; one "
+                 "stopped after its last write loses no step (docs/faults.md)"]
+    total = 0.0
+    for m in dict.fromkeys(cfg.grid.models):
+        t, gpu = cfg.train_for(m), job_resources(cfg, m)["gpu"]
+        trained = [c for c in cells if c.model == m and c.same_as is None]
+        each = [gpu * (failure_minutes(cfg, m, c.correction) or 0) for c in trained]
+        interval = f"a checkpoint every {t.ckpt_every} of {t.steps} steps" if t.ckpt_every else f"no checkpoint in {t.steps}"
+        if not trained or gpu == 0 or failure_minutes(cfg, m) is None:
+            lines.append(f"  {m} ({interval}): — (" + ("no GPU" if gpu == 0 else "not in the cost model") + ")")
+            continue
+        total += n * sum(each) / 60
+        span = f"{min(each):.1f}" if round(min(each), 1) == round(max(each), 1) else f"{min(each):.1f}-{max(each):.1f}"
+        lines.append(f"  {m} ({interval}): ≤ {span} GPU-min a failure, ≤ {n * max(each):.1f} a job failing {n} times; "
+                     f"≤ {n * sum(each) / 60:.1f} GPU-h if every trained job did")
+    trained = sum(c.same_as is None for c in cells)
+    lines.append(f"  grid: ≤ {total:.1f} GPU-h if every trained job failed {n} times, beside the {trained} jobs' estimate")
+    return lines
 
 
 def _hours(minutes: float) -> str:
@@ -82,8 +125,8 @@ def plan_text(cfg: Config, source: str = "") -> str:
         r = job_resources(cfg, m)
         each = [job_resources(cfg, m, "train", c.sampler, cal, c.name) for c in trained]
         requested = sum(gpu_minutes(job_resources(cfg, m, "train" if c.same_as is None else "copy", c.sampler, cal, c.name)) for c in mine)
-        est = estimated_minutes(cfg, m)
-        est_gpu = None if est is None else est * r["gpu"] * len(trained)
+        ests = [estimated_minutes(cfg, m, c.correction) for c in trained]  # a cell of several SGD steps a batch costs more
+        est_gpu = None if not ests or ests[0] is None else r["gpu"] * sum(ests)
         for _, sampler, seed in (j for j in shared if j[0] == m):  # each rollouts job, and the cells that read it
             requested += gpu_minutes(job_resources(cfg, m, "rollouts", sampler, cal, f"{m}/{sampler}/seed{seed}"))
             if est_gpu is not None:
@@ -97,7 +140,7 @@ def plan_text(cfg: Config, source: str = "") -> str:
         runtimes, mems = sorted({e["runtime"] for e in each}) or [r["runtime"]], sorted({e["mem_mb"] for e in each}) or [r["mem_mb"]]
         span = lambda xs: f"{xs[0]}" if len(xs) == 1 else f"{xs[0]}-{xs[-1]}"  # noqa: E731
         per_job = f"{r['gpu']} GPU, {span(runtimes)} min, {span([x // 1000 for x in mems])} GB"
-        est_text = "—" if est_gpu is None else f"{_hours(est_gpu)} ({est:.0f} min/job)"
+        est_text = "—" if est_gpu is None else f"{_hours(est_gpu)} ({span(sorted({round(x) for x in ests}))} min/job)"
         lines.append(row(m, len(mine), len(trained), len(mine) - len(trained), done, per_job, _hours(requested), est_text))
         total_req += requested
         total_est += est_gpu or 0
@@ -117,6 +160,7 @@ def plan_text(cfg: Config, source: str = "") -> str:
             f"largest single job: train {cell.name} (and {n - 1} like it): {r['gpu']} GPU, {r['runtime']} min, "
             f"{r['mem_mb']} MB, {r['cpus_per_task']} CPUs"
         )
+    lines += failure_lines(cfg, cells, profile_retries(), str(Path("slurm") / "config.yaml"))
     found = needs(cfg)
     checkpoints = {n.readers[0]: n.found for n in found if n.key.startswith("models.") and not n.problem}
     hf = [m for m in dict.fromkeys(g.models) if cfg.models[m].kind == "hf"]
