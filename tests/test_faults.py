@@ -17,7 +17,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import KILL_TRAIN, ROOT, SMOKE, check_kill_table, kill_at_each_moment, stopped_after, wait_for
+from conftest import (KILL_TRAIN, KILLS_LOCAL, ROOT, SMOKE, check_kill_table, kill_at_each_moment, kills_to_run, stopped_after,
+                      wait_for)
 
 from dlcrepro import procs
 from dlcrepro.checkpoint import sidecar, verified_step
@@ -340,4 +341,5 @@ def test_a_local_job_killed_at_any_moment_costs_its_retry_at_most_one_checkpoint
     cell = out["results_dir"] / "tiny" / "bf16" / "pg" / "seed0"
     cmd = [sys.executable, "-m", "snakemake", "--nolock", "--cores", "2", "--retries", "1", *smoke_warm_start.SNAKEMAKE_ARGS,
            "--configfile", str(tmp_path / "kills.yaml"), "--", str(cell / "summary.json")]
-    check_kill_table(kill_at_each_moment(cmd, cell, tmp_path, env={"PYTHONPATH": str(ROOT)}))
+    check_kill_table(kill_at_each_moment(cmd, cell, tmp_path, env={"PYTHONPATH": str(ROOT)},
+                                         kills=kills_to_run(KILLS_LOCAL)))

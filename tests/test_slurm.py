@@ -13,7 +13,8 @@ import sys
 import pytest
 import yaml
 
-from conftest import KILL_TRAIN, ROOT, SMOKE, check_kill_table, kill_at_each_moment, stopped_after, wait_for
+from conftest import (KILL_TRAIN, KILLS_SLURM, ROOT, SMOKE, check_kill_table, kill_at_each_moment, kills_to_run, stopped_after,
+                      wait_for)
 
 from dlcrepro.checkpoint import verified_step
 
@@ -285,4 +286,4 @@ def test_a_job_killed_at_any_moment_costs_its_retry_at_most_one_checkpoint_inter
     cell = out["results_dir"] / "tiny" / "bf16" / "pg" / "seed0"
     cfg = smoke_variant(tmp_path, train=KILL_TRAIN)
     cmd = slurm_cmd(snakemake_slurm, config, cell / "summary.json", extra=("--retries", "1", *shared), configfile=cfg)
-    check_kill_table(kill_at_each_moment(cmd, cell, tmp_path))
+    check_kill_table(kill_at_each_moment(cmd, cell, tmp_path, kills=kills_to_run(KILLS_SLURM)))
