@@ -320,13 +320,16 @@ def rewrite_finished(out: Path, meta: dict, cfg: Config, keep_checkpoint: bool) 
             else:
                 note(f"{e}: set aside as {checkpoint.set_aside(path, e.kind)}")
             return None
+        note(f"{out} finished in an earlier job, stopped before it ended: its metrics and summary are written again from "
+             f"{FINISHED_FILE}, no step recomputed")
         atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(stamped.run_record(meta, cfg), sort_keys=False))
         summary = {**blob["summary"], "metrics_file": write_metrics(out, blob["rows"])}
         atomic_write_text(out / SUMMARY_FILE, json.dumps(summary, indent=1))
+        pause_point("summary_written")  # the same moments as a training job's last writes (procs.py)
         if not keep_checkpoint:  # left by a job stopped between its record and the checkpoint's removal
             checkpoint.remove(out / CKPT_FILE)
-        note(f"finished {out} in an earlier job, stopped before it ended: metrics and summary written again from "
-             f"{FINISHED_FILE}, no step recomputed")
+            pause_point("checkpoint_removed")
+        note(f"finished {out} (from {FINISHED_FILE})")
         return summary
 
 

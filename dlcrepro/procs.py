@@ -111,28 +111,39 @@ def stop_descendants(root: int | None = None, grace: float = 5.0, poll: float = 
     return t
 
 
-# A test stops a training job at a known moment to kill it there (tests/test_kills.py): with
-# DLCREPRO_PAUSE_AT=<point>[:<n>] (a step phase of phases.PHASES, entered for the n-th time in this
-# process, or one of PAUSE_POINTS) and DLCREPRO_PAUSE_FILE=<path>, the first process to reach it writes
-# its pid there and stops itself (SIGSTOP); one that finds the file already written goes on (a retry).
+# A test stops a training job at known moments to kill it there (tests/conftest.py, kill_in_a_chain):
+# DLCREPRO_PAUSE_AT=<point>[:<n>][,<point>[:<n>]...] lists the moments in order, each a step phase of
+# phases.PHASES entered for the n-th time in this process, or one of PAUSE_POINTS. With
+# DLCREPRO_PAUSE_FILE=<path>, a process stops at the first listed moment not yet taken: it writes its pid
+# to <path>.<i> (i the moment's index) and stops itself (SIGSTOP). The test kills it; snakemake's retry,
+# a new process, finds moment i taken and stops at moment i+1; the retry after the last one goes on.
 PAUSE_ENV, PAUSE_FILE_ENV = "DLCREPRO_PAUSE_AT", "DLCREPRO_PAUSE_FILE"
 PAUSE_POINTS = ("checkpoint_written", "finished_record", "summary_written", "checkpoint_removed")
 _passes: dict[str, int] = {}
 
 
+def pause_file(path: str | os.PathLike, index: int) -> str:
+    """Where the process that stops at the `index`-th moment of DLCREPRO_PAUSE_AT writes its pid."""
+    return f"{os.fspath(path)}.{index}"
+
+
 def pause_point(point: str) -> None:
-    """Stop this process here if DLCREPRO_PAUSE_AT names this pass of `point` (above); else nothing."""
-    want = os.environ.get(PAUSE_ENV)
-    if not want:
+    """Stop this process here if this pass of `point` is the next untaken moment of DLCREPRO_PAUSE_AT
+    (above); else nothing."""
+    want, path = os.environ.get(PAUSE_ENV), os.environ.get(PAUSE_FILE_ENV)
+    if not want or not path:
         return
     _passes[point] = _passes.get(point, 0) + 1
-    name, _, n = want.partition(":")
-    path = os.environ.get(PAUSE_FILE_ENV)
-    if name != point or _passes[point] != int(n or 1) or not path:
+    moments = want.split(",")
+    index = next((i for i in range(len(moments)) if not os.path.exists(pause_file(path, i))), None)
+    if index is None:  # every moment taken: the last retry runs to its end
+        return
+    name, _, n = moments[index].partition(":")
+    if name != point or _passes[point] != int(n or 1):
         return
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:  # paused once already: this is the retry
+        fd = os.open(pause_file(path, index), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:  # taken meanwhile by another process
         return
     with os.fdopen(fd, "w") as f:
         f.write(f"{os.getpid()}\n")

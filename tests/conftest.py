@@ -260,18 +260,22 @@ def rehearsal_cache(tmp_path_factory) -> Path:
     return cache
 
 
-# A job killed at each moment of its cell (dlcrepro/procs.py's pause points: the job stops itself
-# there, the test SIGKILLs it as a node failure would), its retry submitted by snakemake (`--retries`):
-# (where, the steps the cell had finished when killed). KILL_TRAIN: 6 steps, a checkpoint after steps
-# 2 and 4, so no retry may train again more than 2 finished steps.
+# A job killed at each moment of its cell, one after another (dlcrepro/procs.py's pause points: the job
+# stops itself there, the test SIGKILLs it as a node failure would, snakemake's retry (`--retries`) is
+# the next attempt and stops at the next moment): (the moment as DLCREPRO_PAUSE_AT names it, the steps
+# the cell had finished when killed). A phase's count is its pass in that attempt's process. KILL_TRAIN:
+# 6 steps, a checkpoint after steps 2 and 4, so no retry may train again more than 2 finished steps.
 KILL_TRAIN = {"steps": 6, "ckpt_every": 2, "eval_every": 2}
 KILLS = (
-    ("sample:4", 3),  # step 4's sampling: steps 1-3 done, the checkpoint of step 2 on disk
-    ("update:4", 3),  # step 4's update, its batch sampled and scored
-    ("checkpoint_written:2", 4),  # mid-save of step 4's checkpoint: the new file whole, not yet vouched for
-    ("finished_record", 6),  # the finished record (finished.pt) written, the summary not yet
-    ("summary_written", 6),  # the summary written, the checkpoint not yet removed
-    ("checkpoint_removed", 6),  # the checkpoint removed: the job's last act
+    ("sample:4", 3),  # attempt 1, step 4's sampling: steps 1-3 done, the checkpoint of step 2 on disk
+    ("update:2", 3),  # attempt 2 (on from step 2), its second update: step 4's, its batch sampled and scored
+    ("checkpoint_written:1", 4),  # attempt 3 (on from step 2), mid-save of step 4's checkpoint: whole, not yet vouched for
+    ("finished_record", 6),  # attempt 4: the finished record (finished.pt) written, the summary not yet
+    # attempts 5 and 6 write the outputs again from the record and stop at its last two moments, as a
+    # training job would: the summary written, the checkpoint not yet removed (the retry finds the record
+    # and the checkpoint, as after a kill at finished_record); the checkpoint removed (the record alone)
+    ("summary_written", 6),
+    ("checkpoint_removed", 6),  # the job's last act; attempt 7 writes the outputs and ends the cell
 )
 
 
@@ -282,30 +286,15 @@ def steps_retried(log: str) -> int:
         return KILL_TRAIN["steps"]
     resumed = re.findall(r"resuming .* from step (\d+)", log)
     assert resumed or "starting" in log, log
-    return int(resumed[-1]) if resumed else 0
+    return int(resumed[0]) if resumed else 0
 
 
-# The suite kills a job at three of KILLS per executor, each moment through one of the two (the local
-# executor: sampling, mid checkpoint write, the job's last act; Slurm: the update, after the finished
-# record, after the summary): every moment covered, at half the suite's time (each kill is a job and
-# its retry, 1.5-4 minutes on 2 cores). DLCREPRO_ALL_KILLS=1 runs all six through both, as docs/faults.md's table did.
-KILLS_LOCAL = ("checkpoint_written:2", "checkpoint_removed", "sample:4")
-KILLS_SLURM = ("update:4", "finished_record", "summary_written")
-
-
-def kills_to_run(suite: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
-    """The KILLS a test runs: those named in `suite`, or all with DLCREPRO_ALL_KILLS=1."""
-    if os.environ.get("DLCREPRO_ALL_KILLS") == "1":
-        return KILLS
-    return tuple(k for k in KILLS if k[0] in suite)
-
-
-def kill_at_each_moment(cmd: list[str], cell: Path, tmp_path: Path, env: dict | None = None,
-                        kills: tuple[tuple[str, int], ...] = KILLS) -> list[tuple]:
-    """Run `cmd` (a snakemake making `cell`, with retries) once undisturbed, then once per KILLS: the
-    cell's directory deleted, its job stopped at that moment and SIGKILLed, its retry left to finish.
-    Each retry must end with the undisturbed run's numbers. Rows: (where, steps done, the step the
-    retry went on from, finished steps recomputed, steps it trained, seconds from start to its end)."""
+def kill_in_a_chain(cmd: list[str], cell: Path, tmp_path: Path, env: dict | None = None) -> list[tuple]:
+    """Run `cmd` (a snakemake making `cell` with `--retries` at least len(KILLS)) once undisturbed, then
+    once more with the cell's directory deleted and its job killed at every moment of KILLS in turn,
+    each attempt being the previous one's retry; the last retry must end with the undisturbed run's
+    numbers. Rows: (where, steps done, the step the retry went on from, finished steps recomputed,
+    steps left to the retry, seconds from the kill to the retry's own kill or end)."""
     import pandas as pd
 
     from dlcrepro import procs
@@ -315,24 +304,30 @@ def kill_at_each_moment(cmd: list[str], cell: Path, tmp_path: Path, env: dict | 
     assert p.returncode == 0, p.stderr[-4000:]
     ref = pd.read_parquet(cell / "metrics.parquet")
     cols = [c for c in ref.columns if not c.startswith("sec_")]
-    rows = []
-    for where, done in kills:
-        shutil.rmtree(cell)
-        pause = tmp_path / f"paused-{where.replace(':', '-')}"
-        start = time.monotonic()
-        paused = {**env, procs.PAUSE_ENV: where, procs.PAUSE_FILE_ENV: str(pause)}
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=paused)
-        with stopped_after(proc, signal.SIGINT):
-            pid = int(wait_for(f"the job stopped at {where}", lambda: pause.exists() and pause.read_text().strip(), 300, proc))
+    shutil.rmtree(cell)
+    pause = tmp_path / "paused"
+    paused = {**env, procs.PAUSE_ENV: ",".join(where for where, _ in KILLS), procs.PAUSE_FILE_ENV: str(pause)}
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=paused)
+    logs, killed_at = [], []  # train.log as it stood at each kill; when each kill came
+    with stopped_after(proc, signal.SIGINT):
+        for i, (where, _) in enumerate(KILLS):
+            stop = Path(procs.pause_file(pause, i))
+            pid = int(wait_for(f"attempt {i + 1} stopped at {where}", lambda: stop.exists() and stop.read_text().strip(), 300, proc))
             wait_for(f"its process {pid} stopped", lambda: (procs._stat(pid) or ("", 0))[0] == "T", 60, proc)
-            before = (cell / "train.log").read_text()
+            logs.append((cell / "train.log").read_text())
             os.kill(pid, signal.SIGKILL)
-            output, _ = proc.communicate(timeout=900)
-        assert proc.returncode == 0, f"{where}: " + output[-4000:]
-        retry = (cell / "train.log").read_text().removeprefix(before)
-        went_on = steps_retried(retry)
-        pd.testing.assert_frame_equal(ref[cols], pd.read_parquet(cell / "metrics.parquet")[cols], obj=where)
-        rows.append((where, done, went_on, max(0, done - went_on), KILL_TRAIN["steps"] - went_on, round(time.monotonic() - start)))
+            killed_at.append(time.monotonic())
+        output, _ = proc.communicate(timeout=1800)
+    assert proc.returncode == 0, output[-4000:]
+    ended = time.monotonic()
+    logs.append((cell / "train.log").read_text())
+    pd.testing.assert_frame_equal(ref[cols], pd.read_parquet(cell / "metrics.parquet")[cols], obj="the cell after every kill")
+    rows = []
+    for i, (where, done) in enumerate(KILLS):
+        assert logs[i + 1].startswith(logs[i]), f"train.log rewritten after the kill at {where}"
+        went_on = steps_retried(logs[i + 1].removeprefix(logs[i]))
+        until = killed_at[i + 1] if i + 1 < len(KILLS) else ended
+        rows.append((where, done, went_on, max(0, done - went_on), KILL_TRAIN["steps"] - went_on, round(until - killed_at[i])))
     return rows
 
 
@@ -340,8 +335,8 @@ def check_kill_table(rows: list[tuple]) -> None:
     """Print the rows as docs/faults.md's table; no retry recomputes more than one checkpoint interval,
     and none after the finished record."""
     table = "\n".join("| " + " | ".join(map(str, r)) + " |" for r in rows)
-    print("\n| killed at | steps finished | the retry went on from | finished steps recomputed | steps the retry trains "
-          "| seconds, start to the retry's end |\n" + table)
+    print("\n| killed at | steps finished | the retry went on from | finished steps recomputed | steps left to the retry "
+          "| seconds from the kill to the retry's own kill or end |\n" + table)
     assert all(lost <= KILL_TRAIN["ckpt_every"] for _, _, _, lost, _, _ in rows), table
     after = ("finished_record", "summary_written", "checkpoint_removed")
     assert all(lost == 0 and trained == 0 for w, _, _, lost, trained, _ in rows if w in after), table

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import (KILL_TRAIN, KILLS_LOCAL, ROOT, SMOKE, check_kill_table, kill_at_each_moment, kills_to_run, stopped_after,
+from conftest import (KILL_TRAIN, KILLS, ROOT, SMOKE, check_kill_table, kill_in_a_chain, stopped_after,
                       wait_for)
 
 from dlcrepro import procs
@@ -328,9 +328,10 @@ def test_two_studies_at_once_finish_each_through_its_own_fork_server_and_a_secon
 
 
 def test_a_local_job_killed_at_any_moment_costs_its_retry_at_most_one_checkpoint_interval(smoke_warm_start, tmp_path):
-    """The kills of conftest.KILLS through the local executor, each job in a process of its own (no
-    fork server) and snakemake's `--retries 1`: the retry recomputes at most `ckpt_every` finished
-    steps, none after the cell's last write (test_slurm.py runs the same through Slurm jobs)."""
+    """The kills of conftest.KILLS through the local executor, one after another, each attempt in a
+    process of its own (no fork server) and the next one snakemake's retry: each retry recomputes at
+    most `ckpt_every` finished steps, none after the cell's last write (test_slurm.py runs the same
+    through Slurm jobs)."""
     out = {"results_dir": tmp_path / "results", "figures_dir": tmp_path / "figures", "tables_dir": tmp_path / "tables",
            "artifacts": smoke_warm_start.artifacts}
     smoke_warm_start.up_to_date_in(out["results_dir"])
@@ -339,7 +340,6 @@ def test_a_local_job_killed_at_any_moment_costs_its_retry_at_most_one_checkpoint
     variant.update({k: str(v) for k, v in out.items()}, fork_server=False, python=sys.executable)
     (tmp_path / "kills.yaml").write_text(yaml.safe_dump(variant))
     cell = out["results_dir"] / "tiny" / "bf16" / "pg" / "seed0"
-    cmd = [sys.executable, "-m", "snakemake", "--nolock", "--cores", "2", "--retries", "1", *smoke_warm_start.SNAKEMAKE_ARGS,
+    cmd = [sys.executable, "-m", "snakemake", "--nolock", "--cores", "2", "--retries", str(len(KILLS)), *smoke_warm_start.SNAKEMAKE_ARGS,
            "--configfile", str(tmp_path / "kills.yaml"), "--", str(cell / "summary.json")]
-    check_kill_table(kill_at_each_moment(cmd, cell, tmp_path, env={"PYTHONPATH": str(ROOT)},
-                                         kills=kills_to_run(KILLS_LOCAL)))
+    check_kill_table(kill_in_a_chain(cmd, cell, tmp_path, env={"PYTHONPATH": str(ROOT)}))
