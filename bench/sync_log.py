@@ -27,7 +27,8 @@ PASSED = re.compile(
     r" \(load manifest (?P<ms>\d+) ms\): mean \|log q − log π\| (?P<d>[0-9.eE+-]+)/token \(bound (?P<bound>[0-9.]+)\)"
 )
 CANNOT_TELL = re.compile(r"sync check: (?P<kind>.+?) engine, version (?P<version>\d+): cannot tell")
-FAILED = re.compile(r"weight sync check failed: the (?P<kind>.+?) engine, given version (?P<version>\d+), computes mean \|log q − log π\| = (?P<d>[0-9.naN]+)")
+FAILED = re.compile(r"weight sync check failed: the (?P<kind>.+?) engine, given version (?P<version>\d+), computes mean \|log q "
+                    r"− log π\| = (?P<d>[0-9.naN]+)")
 
 
 def job_logs(results: str) -> list[str]:

@@ -383,7 +383,8 @@ _LIVE_ENGINES: list = []
 class VLLMEngine:
     """A vLLM `LLM` in this process, sampling with the precision given."""
 
-    def __init__(self, model_dir: str, cfg: EngineConfig, precision: str = "bf16", seed: int = 0, max_model_len: int | None = None):
+    def __init__(self, model_dir: str, cfg: EngineConfig, precision: str = "bf16", seed: int = 0,
+                 max_model_len: int | None = None):
         from vllm import LLM
 
         if precision not in PRECISIONS:
@@ -683,7 +684,8 @@ class VLLMEngine:
             raise SyncCheckError(
                 f"weight sync check failed: the {self.kind} engine, given version {self.version}, computes "
                 f"mean |log q − log π| = {d:.4f} nats/token against the trainer's weights of that version "
-                f"over the {n} tokens the engine drew that the trainer gives π ≥ {CHECK_MIN_PROB}; a correct {self.precision.name} sync stays under {bound}. "
+                f"over the {n} tokens the engine drew that the trainer gives π ≥ {CHECK_MIN_PROB}; a correct "
+                f"{self.precision.name} sync stays under {bound}. "
                 "The engine does not hold the trainer's weights (a weight left out or misnamed, dummy "
                 "weights, or another version's). The bound was measured on the tiny model; if a correct "
                 "sync of this model exceeds it, `engine.sync_check: false` turns the check off."

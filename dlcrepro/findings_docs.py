@@ -61,7 +61,8 @@ def rules_text(findings: pd.DataFrame) -> str:
     r = ("rules of commit " + ", ".join(f"`{x}`" for x in rules)) if rules else \
         "rules from before the rules for the rerun (the table records no commit: written before `findings.RULES_COMMIT`)"
     m = f"computed on {', '.join(machine)}" if machine else "CPU kind not recorded"
-    o = "; other CPU kinds: " + ("none compared" if others in ([], ["none compared"]) else "see the table's `other machines` column")
+    o = "; other CPU kinds: " + ("none compared" if others in ([], ["none compared"])
+                                 else "see the table's `other machines` column")
     return f"Verdicts by the {r} ([method.md](METHOD#findings-and-replicates)), {m}{o}."
 
 

@@ -297,7 +297,8 @@ class MLflowTracker(Backend):
         from mlflow.entities import Metric
 
         now, step = int(time.time() * 1000), summary.get("steps", self.last_step)
-        self.client.log_batch(self.run_id, metrics=[Metric(f"summary.{k}", v, now, step) for k, v in summary_numbers(summary).items()])
+        self.client.log_batch(self.run_id,
+                              metrics=[Metric(f"summary.{k}", v, now, step) for k, v in summary_numbers(summary).items()])
         self.client.log_dict(self.run_id, summary, "summary.json")
         self.client.set_terminated(self.run_id, status="FINISHED")
 

@@ -15,10 +15,13 @@ from dlcrepro.cli import main
         (["warmstart", "--config", str(SMOKE), "--set", "train.lr"], "--set expects KEY=VALUE, got 'train.lr'"),
         (["tables", "--steps", "steps.parquet"], "tables: give --steps and --runs (or --redraw-tex DIR)"),
         (["scan", "--config", str(SMOKE), "--sampler", "bf16"], "scan: --corrections, --out required (unless --redraw)"),
-        (["scan", "--redraw", "raw.parquet", "--tables-out", "t"], "scan --redraw: give --out (or --tables-out and --figures-out)"),
-        (["plan", "--config", str(SMOKE), "--calibrate", "no/such/results"], "plan --calibrate no/such/results: no such directory"),
+        (["scan", "--redraw", "raw.parquet", "--tables-out", "t"],
+         "scan --redraw: give --out (or --tables-out and --figures-out)"),
+        (["plan", "--config", str(SMOKE), "--calibrate", "no/such/results"],
+         "plan --calibrate no/such/results: no such directory"),
     ],
-    ids=["set-without-value", "tables-without-runs", "scan-without-corrections", "redraw-without-figures-out", "calibrate-missing-dir"],
+    ids=["set-without-value", "tables-without-runs", "scan-without-corrections", "redraw-without-figures-out",
+         "calibrate-missing-dir"],
 )
 def test_a_command_missing_what_it_needs_stops_naming_the_option(argv, says, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -28,7 +31,8 @@ def test_a_command_missing_what_it_needs_stops_naming_the_option(argv, says, tmp
 
 
 def test_plan_calibrate_on_results_without_a_finished_job_says_to_run_the_pilot(tmp_path):
-    with pytest.raises(SystemExit, match=r"no finished job of 'smoke'.*run the pilot first: snakemake --configfile <config> pilot"):
+    with pytest.raises(SystemExit,
+                       match=r"no finished job of 'smoke'.*run the pilot first: snakemake --configfile <config> pilot"):
         main(["plan", "--config", str(SMOKE), "--calibrate", str(tmp_path)])
     assert list(tmp_path.iterdir()) == []  # no calibration file from nothing
 
