@@ -174,12 +174,6 @@ def per_run(steps: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def cell_stats(per_run_df: pd.DataFrame, col: str) -> pd.DataFrame:
-    """Mean ± sd over seeds of a per-run column, per cell (NaN runs are counted, not averaged)."""
-    g = per_run_df.groupby(CELL)[col]
-    return pd.DataFrame({"mean": g.mean(), "sd": g.std(ddof=1), "n_runs": g.size(), "n_valid": g.count()}).reset_index()
-
-
 # ----------------------------------------------------------------------------- accuracy drops and collapse
 
 
@@ -406,7 +400,6 @@ def interval_width_by_probe_density(steps: pd.DataFrame, thinning=(1, 2, 5)) -> 
     return pd.DataFrame(rows)
 
 
-POOL_SAMPLED = "RL-pool accuracy (sampled)"  # what the tiny study's test_accuracy is
 HELDOUT_GREEDY = "held-out accuracy (greedy)"  # heldout_accuracy_greedy; the paper config's test_accuracy
 
 

@@ -24,7 +24,6 @@ ALWAYS = ("seen", "contradicted", "undecided")  # counted even where 0
 ALWAYS_BEFORE = ("seen", "not replicated", "not seen")  # in a table written before three verdicts
 DECIDE = "seeds to decide"  # findings.findings_table's column: the seeds each undecided replicate would need
 BLOCK = re.compile(r"(<!-- begin ([\w-]+)[^>]*-->)(.*?)(<!-- end \2 -->)", re.S)
-GENERATED_BY = "generated from paper_tables/findings.csv by python -m dlcrepro docs; do not edit"
 
 
 def category(verdict: str) -> str:

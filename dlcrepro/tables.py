@@ -46,12 +46,6 @@ def _fmt(x, digits=3):
     return str(x)
 
 
-def _mean_sd(mean, sd, digits=3):
-    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
-        return "n/a"
-    return f"{_fmt(mean, digits)} ± {_fmt(sd, 2)}" if not (isinstance(sd, float) and math.isnan(sd)) else _fmt(mean, digits)
-
-
 def _ci_text(mean, lo, hi, margins=()):
     """"1.21 [0.719, 2.005]": a mean and its interval to 3 significant digits, more where fewer would
     print an end on or across one of `margins` (intervals.apart); "n/a" without a mean."""

@@ -390,10 +390,6 @@ def load_calibration(cfg: Config, results: str | Path) -> dict | None:
 # ----------------------------------------------------------------------------- the text
 
 
-def _h(minutes: float | None) -> str:
-    return "—" if minutes is None else f"{minutes / 60:.2f}"
-
-
 def calibration_text(cfg: Config, projected: list[dict], written: Path | None = None) -> str:
     """The calibrated plan beside the uncalibrated one: per job kind and class, the jobs, their
     minutes each (measured, projected or assumed) against the cost model's, their requests against
