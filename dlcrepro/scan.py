@@ -345,7 +345,7 @@ def scan(cfg, model: str, sampler: str, corrections: list[str], prompts: list[in
     the corrections of a repetition share its sampler batch and its probes (so its floor).
 
     θ_t: the model directory, or the checkpoint's `policy`; θ_s: the same, or for a lagged sampler
-    the checkpoint's `sampler`. θ never moves: no `_apply`. A resync correction (dlc, is_resync) is
+    the checkpoint's `sampler`. θ never moves: no `Learner.sgd_step`. A resync correction (dlc, is_resync) is
     measured at this θ_s without its resync (the rows' `ess_lag` says where it would have fired); a
     correction with several SGD steps per batch (`registry.updates_per_batch` > 1: ppo_multi, or ppo
     with train.updates_per_batch > 1) needs updates and is refused."""
