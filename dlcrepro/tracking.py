@@ -11,9 +11,10 @@ A backend is one class with `start(cell, params)`, `log(step, row)` and `finish(
 (`summary` None: the run failed), registered by name. `Trackers` drives a run's backends and keeps
 each one's failure to itself: the first error a backend raises (a lost server) is reported once, in
 the cell's log, and that backend logs no more in this run; training goes on. No backend is imported
-before a run starts one (or the fork server of a study that names it, once): this module is
-stdlib-only, like dlcrepro/config.py, which checks the names against `BACKENDS` and that each
-one's package is installed.
+before a run starts one (or the fork server of a study that names it, once): this module imports
+only the standard library, so dlcrepro/config.py (torch-free: the standard library, PyYAML and the
+package's registries) can import it to check the names against `BACKENDS` and that each one's
+package is installed.
 """
 
 from __future__ import annotations

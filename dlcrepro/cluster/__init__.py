@@ -8,8 +8,8 @@ One module per concern, each importing only those above it:
     memory.py     the peak memory of a training job, by part
     device.py     a job that asks for a GPU stops where torch has none (`check_device`)
     cache.py      the weights and data the jobs read from the Hugging Face cache, and what is missing
-    plan.py       the plan's text (`python -m dlcrepro plan`, the Snakefile's)
     calibrate.py  the plan calibrated from the jobs that ran (`plan --calibrate`), the pilot's jobs
+    plan.py       the plan's text (`python -m dlcrepro plan`, the Snakefile's)
 
 Torch-free (like grid.py and config.py): the Snakefile imports it to lay out the DAG and print the
 plan, also from a Snakemake environment without torch. `check_device` imports torch only when a
