@@ -39,7 +39,7 @@ from .initial_eval import identity as initial_identity
 from .initial_eval import load_initial_eval
 from .preload import import_job_modules
 from .procs import pause_point
-from .registry import engine_topk
+from .registry import UnknownNameError, engine_topk
 from .train import Cell, Trainer, train_steps
 from .util import DamagedFileError, atomic_save, atomic_write_text, disk_full, log, remove_leftovers
 
@@ -169,7 +169,7 @@ def check_names(cfg: Config, model: str, sampler: str, correction: str) -> None:
     """Fail fast, before anything is written, on a model the config lacks or an unregistered
     sampler or correction; the error lists the known names."""
     if model not in cfg.models:
-        raise KeyError(f"unknown model {model!r}; known: {sorted(cfg.models)}")
+        raise UnknownNameError(f"unknown model {model!r}; known: {sorted(cfg.models)}")
     get_sampler(sampler), get_correction(correction)
 
 

@@ -428,11 +428,15 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv
     from .checkpoint import BadCheckpoint
     from .config import ConfigError
+    from .registry import UnknownNameError
     from .util import DamagedFileError, DiskFullError, NonFiniteError, disk_full
 
+    # a user's mistake (a config value, an unknown name, a missing file) or a condition of the data or
+    # the disk ends in one line; anything else is a bug and keeps its traceback
     try:
         return args.fn(args)
-    except (ConfigError, KeyError, FileNotFoundError, NonFiniteError, DiskFullError, DamagedFileError, BadCheckpoint) as e:
+    except (ConfigError, UnknownNameError, FileNotFoundError, NonFiniteError, DiskFullError, DamagedFileError,
+            BadCheckpoint) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a full disk met outside the atomic writers (a log line, a library's cache)

@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from .registry import CORRECTION_INFO, CorrectionInfo
+from .registry import CORRECTION_INFO, CorrectionInfo, UnknownNameError
 
 sg = torch.Tensor.detach
 
@@ -146,7 +146,7 @@ def register_correction(name: str):
 
 def get_correction(name: str) -> Correction:
     if name not in CORRECTIONS:
-        raise KeyError(f"unknown correction {name!r}; known: {sorted(CORRECTIONS)}")
+        raise UnknownNameError(f"unknown correction {name!r}; known: {sorted(CORRECTIONS)}")
     return CORRECTIONS[name]
 
 

@@ -79,3 +79,27 @@ def test_tables_redraw_tex_refuses_a_md_and_csv_that_are_not_one_table(tmp_path,
     assert main(["tables", "--redraw-tex", str(tmp_path)]) == 2
     assert re.search(r"^error: .*accuracy\.md shows \d+ rows .*accuracy\.csv has \d+ .*not one table", capsys.readouterr().err)
     assert (tmp_path / "accuracy.tex").read_bytes() == (ROOT / "paper_tables" / "accuracy.tex").read_bytes()  # left as it was
+
+
+def test_an_unknown_name_in_a_job_exits_2_in_one_line_before_writing(tmp_path, capsys):
+    """A user's mistake (here a sampler wildcard no sampler registers) ends in one line naming the
+    known ones, exit status 2, nothing written."""
+    argv = ["train", "--config", str(SMOKE), "--model", "tiny", "--sampler", "fp4", "--correction", "dlc", "--seed", "0",
+            "--out", str(tmp_path / "cell")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == "error: unknown sampler 'fp4'; known: ['bf16', 'fp8', 'fp8_stale', 'stale']\n", err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_internal_key_error_keeps_its_traceback(monkeypatch):
+    """A KeyError from the code itself is a bug, not a user's mistake: it propagates (the interpreter
+    prints its traceback and exits 1) instead of becoming a one-line exit 2."""
+    import dlcrepro.cli as cli
+
+    def broken(args):
+        return {}["no such key"]
+
+    monkeypatch.setattr(cli, "cmd_plan", broken)
+    with pytest.raises(KeyError, match="no such key"):
+        main(["plan", "--config", str(SMOKE)])
