@@ -353,10 +353,11 @@ def scan(cfg, model: str, sampler: str, corrections: list[str], prompts: list[in
 
     from .config import ConfigError
     from .corrections import get_correction
+    from .registry import UnknownNameError
     from .train import Trainer
 
     if model not in cfg.models:
-        raise KeyError(f"unknown model {model!r}; known: {sorted(cfg.models)}")
+        raise UnknownNameError(f"unknown model {model!r}; known: {sorted(cfg.models)}")
     mdir = paths.model_dir(cfg, model, model_dir)
     if not (mdir / "config.json").exists():
         raise FileNotFoundError(f"model directory {mdir} has no config.json")
