@@ -127,9 +127,10 @@ class Engine(Protocol):
 
     version: int
 
-    def load_weights(self, state: dict[str, torch.Tensor], version: int, expected: dict[str, torch.Tensor] | None = None):
+    def load_weights(self, state: dict[str, torch.Tensor], version: int,
+                     expected: dict[str, torch.Tensor] | None = None) -> manifest.Manifest:
         """Replace the engine's weights (trainer parameter names) and record their version; raise if
-        the engine does not then hold `expected` (default `state`): the load manifest."""
+        the engine does not then hold `expected` (default `state`); return the load manifest."""
 
     def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int, topk: int = 0, logprobs: bool = True) -> Rollout:
         """Sample `n` responses per prompt at temperature 1, with the sampled tokens' log-probs
@@ -523,9 +524,10 @@ class VLLMEngine:
         """Reload the engine with `sent` (already transformed, checkpoint names) as `version`; raise
         WeightLoadError, naming the parameters, unless every sent tensor was taken, every engine
         parameter received one, every decoder linear layer computes `reference`'s weights (what the
-        engine should hold, in the same format) within one FP8 or BF16 rounding, and every other engine
-        tensor has `reference`'s fingerprint (manifest.py). Returns the manifest. A reload that raises
-        or fails leaves the engine holding no version: it refuses to sample until a load passes.
+        engine should hold, in the same format) within two BF16 roundings (`manifest.ROUNDING`, 2^-7:
+        the weight's and the output's), and every other engine tensor has `reference`'s fingerprint
+        (manifest.py). Returns the manifest. A reload that raises or fails leaves the engine holding
+        no version: it refuses to sample until a load passes.
         Seconds: vLLM's reload in `reload_seconds`, the manifest's own work in `manifest_seconds`."""
         t = time.perf_counter()
         held, self.version = self.version, -1  # until the load is verified: a reload may raise part-way
