@@ -42,11 +42,12 @@ def test_bench_script_imports_without_running(path):
     assert re.search(r'^if __name__ == "__main__":', path.read_text(), re.M), f"{path.name} runs when imported"
     spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
+    saved = list(sys.path)  # scripts put tests/ or the root on the path to import what they share
     sys.path.insert(0, str(path.parent))
     try:
         spec.loader.exec_module(module)
     finally:
-        sys.path.remove(str(path.parent))
+        sys.path[:] = saved
     # an import inside a function runs only with its command (`memory_model.py widths`): resolve them all
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "dlcrepro":
