@@ -68,7 +68,8 @@ def main() -> None:
     tcfg = cfg.train_for(args.model)
     prompts = data.encode_prompts(tok, test[: tcfg.prompts_per_step], cfg.task.prompt)
     n, k = tcfg.responses_per_prompt, cfg.engine.topk
-    print(f"\nengine wrapper vs raw vLLM generate: {len(prompts)} prompts x {n} responses, top-{k} log-probs, median of {args.repeats}")
+    print(f"\nengine wrapper vs raw vLLM generate: {len(prompts)} prompts x {n} responses, top-{k} log-probs, median of "
+          f"{args.repeats}")
     from vllm.inputs import TokensPrompt
 
     from dlcrepro.engine import request_seeds
@@ -93,7 +94,8 @@ def main() -> None:
         print(f"  {name:<10s} {v * 1e3:8.1f} ms")
     print(f"  ratio      {med['wrapper'] / med['raw']:8.2f} x")
 
-    print(f"\none cell: {args.model}/{args.sampler}/{args.correction}/seed{args.seed}, {args.steps} steps, {args.threads} torch thread(s)")
+    print(f"\none cell: {args.model}/{args.sampler}/{args.correction}/seed{args.seed}, {args.steps} steps, {args.threads} torch "
+          "thread(s)")
     import pandas as pd
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -147,7 +147,8 @@ def main() -> None:
     events = prof.events()
     phases = phase_table(events)
     steps = args.steps
-    print(f"\nper phase, per step (plain wall; profiled: wall, share inside ops, GFLOP, GFLOP/s in matrix products, over the phase)")
+    print("\nper phase, per step (plain wall; profiled: wall, share inside ops, GFLOP, GFLOP/s in matrix products, over the "
+          "phase)")
     print(f"  {'phase':<11s} {'plain s':>8s} {'prof. s':>8s} {'in ops':>7s} {'GFLOP':>8s} {'mm GF/s':>8s} {'phase GF/s':>10s}")
     total = collections.Counter()
     for ph in PHASES:
@@ -158,7 +159,8 @@ def main() -> None:
         share = c["op_self_us"] / c["wall_us"] if c["wall_us"] else float("nan")
         mm_rate_ = c["mm_flops"] / c["mm_self_us"] / 1e3 if c["mm_self_us"] else float("nan")
         phase_rate = c["flops"] / c["wall_us"] / 1e3 if c["wall_us"] else float("nan")
-        print(f"  {ph:<11s} {plain_s:8.3f} {wall:8.3f} {share:7.0%} {c['flops'] / 1e9 / steps:8.3f} {mm_rate_:8.1f} {phase_rate:10.1f}")
+        print(f"  {ph:<11s} {plain_s:8.3f} {wall:8.3f} {share:7.0%} {c['flops'] / 1e9 / steps:8.3f} {mm_rate_:8.1f} "
+              f"{phase_rate:10.1f}")
     print(f"  {'all':<11s} {plain[[f'sec_{p}' for p in PHASES]].sum(axis=1).mean():8.3f} {total['wall_us'] / 1e6 / steps:8.3f} "
           f"{total['op_self_us'] / total['wall_us']:7.0%} {total['flops'] / 1e9 / steps:8.3f} "
           f"{total['mm_flops'] / total['mm_self_us'] / 1e3:8.1f} {total['flops'] / total['wall_us'] / 1e3:10.1f}")

@@ -21,7 +21,8 @@ import numpy as np
 import pandas as pd
 
 # summary keys that say how long, where or from which file, not what was computed
-NOT_COMPUTED = {"seconds_by_phase", "wall_seconds", "steps_timed", "peak_host_rss_mb", "device_memory", "metrics_file", "model_dir", "computed_as", "tracking"}
+NOT_COMPUTED = {"seconds_by_phase", "wall_seconds", "steps_timed", "peak_host_rss_mb", "device_memory", "metrics_file",
+                "model_dir", "computed_as", "tracking"}
 
 
 def cells(root: Path, pattern: str) -> dict[str, Path]:
@@ -67,7 +68,8 @@ def main() -> int:
             differ += 1
             print(f"{name}: {', '.join(diff)}")
     only = sorted(set(a) ^ set(b))
-    print(f"{len(both)} cells compared, {differ} differ; {len(only)} in one study only" + (f" ({', '.join(only[:5])}…)" if only else ""))
+    print(f"{len(both)} cells compared, {differ} differ; {len(only)} in one study only"
+          + (f" ({', '.join(only[:5])}…)" if only else ""))
     return 1 if differ or not both else 0
 
 

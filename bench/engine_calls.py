@@ -73,7 +73,8 @@ def main() -> None:
             if len(outs) == 2 and outs[True].response_ids != outs[False].response_ids:
                 raise SystemExit(f"{name}: the call without log-probs sampled other tokens")
         med = {s: statistics.median(v) * 1e3 for s, v in times.items()}
-        print(f"  {name:<24s} {med[True]:12.1f} ms" + (f" {med[False]:7.1f} ms ({med[True] / med[False]:.2f}x)" if False in med else ""))
+        print(f"  {name:<24s} {med[True]:12.1f} ms"
+              + (f" {med[False]:7.1f} ms ({med[True] / med[False]:.2f}x)" if False in med else ""))
 
 
 if __name__ == "__main__":

@@ -329,8 +329,8 @@ WIDTH_VARIANTS = {
 
 def widths(args) -> None:
     """a_layer, bytes per padded token and layer, of each width variant (the difference of 2- and
-    1-layer peaks at two padded-token counts, R fixed), beside cluster.layer_bytes's linear form."""
-    from dlcrepro.cluster import layer_bytes
+    1-layer peaks at two padded-token counts, R fixed), beside cluster.memory.layer_bytes's linear form."""
+    from dlcrepro.cluster.memory import layer_bytes
 
     for dtype in args.dtypes:
         for name, change in [*WIDTH_VARIANTS.items(), ("1.7b", None)]:

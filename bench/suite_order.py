@@ -64,7 +64,8 @@ def main() -> None:
     files = collected_files()
     ends = replay(files, seconds, args.workers)
     print(f"files in the suite's order: {', '.join(Path(f).stem for f in files[:8])}, ...")
-    print("workers end at " + ", ".join(f"{e:.0f} s" for e in ends) + f" (the profile's own run: {sum(map(sum, seconds.values())):.0f} s of tests)")
+    print("workers end at " + ", ".join(f"{e:.0f} s" for e in ends)
+          + f" (the profile's own run: {sum(map(sum, seconds.values())):.0f} s of tests)")
 
 
 if __name__ == "__main__":

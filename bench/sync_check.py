@@ -58,9 +58,11 @@ def per_layer(layers: int) -> dict:
         out[f"layer {i}'s projections zeroed"] = lambda t1, t0, o, a=a: {
             k: torch.zeros_like(v) if k.startswith(a) and k.endswith("proj.weight") else v for k, v in t1.items()}
         for m in ("q_proj", "o_proj"):
-            out[f"layer {i}'s {m} transposed"] = lambda t1, t0, o, k=f"{a}self_attn.{m}.weight": _changed(t1, k, lambda w: w.T.contiguous())
+            out[f"layer {i}'s {m} transposed"] = lambda t1, t0, o, k=f"{a}self_attn.{m}.weight": _changed(
+                t1, k, lambda w: w.T.contiguous())
         out[f"layer {i}'s down_proj zeroed"] = lambda t1, t0, o, k=f"{a}mlp.down_proj.weight": _changed(t1, k, torch.zeros_like)
-        out[f"layer {i} from another checkpoint"] = lambda t1, t0, o, a=a: {**t1, **{k: v for k, v in o.items() if k.startswith(a)}}
+        out[f"layer {i} from another checkpoint"] = lambda t1, t0, o, a=a: {**t1,
+                                                                            **{k: v for k, v in o.items() if k.startswith(a)}}
     return out
 
 
@@ -88,7 +90,8 @@ def main() -> None:
 
     whole = {
         "zeros": lambda t1, t0, o: {k: torch.zeros_like(v) for k, v in t1.items()},
-        "dummy": lambda t1, t0, o: {k: torch.rand(v.shape, generator=torch.Generator().manual_seed(2)).mul(2e-3).sub(1e-3) for k, v in t1.items()},
+        "dummy": lambda t1, t0, o: {k: torch.rand(v.shape, generator=torch.Generator().manual_seed(2)).mul(2e-3).sub(1e-3)
+                                    for k, v in t1.items()},
         "another model": lambda t1, t0, o: o,
     }
     faults = {name: make for name, (make, _named) in fault_table(layers).items()} | per_layer(layers) | whole
@@ -97,7 +100,8 @@ def main() -> None:
     for e in engines.values():
         e.load_weights(state(tr.policy), 0)
     results, counts = defaultdict(list), defaultdict(list)
-    print(f"lr {tr.tcfg.lr}; rows: step, engine, case, mean |log q - log pi_k| per likely drawn token (likely tokens/drawn tokens, seconds)")
+    print(f"lr {tr.tcfg.lr}; rows: step, engine, case, mean |log q - log pi_k| per likely drawn token (likely tokens/drawn "
+          "tokens, seconds)")
     for _ in range(args.steps):
         before = state(tr.policy)
         tr.step(cell, PhaseTimer())  # samples with the FP8 engine at θ_{k-1}, then θ_k = θ_{k-1} + update
@@ -111,7 +115,8 @@ def main() -> None:
                 if case == "correct":
                     e.load_weights(after, k)
                 else:
-                    sent = stale_fp8_scales(e, after, before, stale_key) if case == "stale FP8 scales" else e.transform(make(after, before, other))
+                    sent = stale_fp8_scales(e, after, before,
+                                            stale_key) if case == "stale FP8 scales" else e.transform(make(after, before, other))
                     if load_past_the_manifest(e, sent, k).unknown:
                         note = ", nothing reloaded: the engine keeps θ_k-1"
                 t = time.perf_counter()

@@ -3,11 +3,11 @@ largest came to the bound, how many could not tell, how many failed — per engi
 
     .venv/bin/python bench/sync_log.py results [other results ...] [--top 5]
 
-A trained cell's job logs one line per check that passed (`train.push_weights`):
+A trained cell's job logs one line per check that passed (`Trainer.push_weights`):
 
     sync check: bf16 engine holds version 7 (load manifest 9 ms): mean |log q − log π| 0.0038/token (bound 1.0) in 0.07 s
 
-one "cannot tell" line when no drawn token was likely under the trainer (`engine.check_sync`), and a
+one "cannot tell" line when no drawn token was likely under the trainer (`VLLMEngine.check_sync`), and a
 failed check raises (SyncCheckError, or Diverged when the weights had blown up: the run's outcome,
 its step in summary.json). The logs are read as text, nothing in them is executed. A benchmark of
 a finished study, not a test.
@@ -27,7 +27,8 @@ PASSED = re.compile(
     r" \(load manifest (?P<ms>\d+) ms\): mean \|log q − log π\| (?P<d>[0-9.eE+-]+)/token \(bound (?P<bound>[0-9.]+)\)"
 )
 CANNOT_TELL = re.compile(r"sync check: (?P<kind>.+?) engine, version (?P<version>\d+): cannot tell")
-FAILED = re.compile(r"weight sync check failed: the (?P<kind>.+?) engine, given version (?P<version>\d+), computes mean \|log q − log π\| = (?P<d>[0-9.naN]+)")
+FAILED = re.compile(r"weight sync check failed: the (?P<kind>.+?) engine, given version (?P<version>\d+), computes mean \|log q "
+                    r"− log π\| = (?P<d>[0-9.naN]+)")
 
 
 def job_logs(results: str) -> list[str]:

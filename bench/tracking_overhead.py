@@ -8,7 +8,8 @@ MLflow on the SQLite default), interleaved, each in this one process: the median
 (the step's phases, `sec_*`) and of the whole run (`wall_seconds`), and their ratio with/without.
 (2) Each backend alone, replaying that cell's metrics rows through the real library a step's
 time apart: seconds to start a run, that a step's logging blocks the run (median and max) and to
-finish, with MLflow both on a SQLite file and on a local `mlflow server`. Prints a table; a benchmark, not a test: it asserts nothing.
+finish, with MLflow both on a SQLite file and on a local `mlflow server`. Prints a table; a
+benchmark, not a test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def cell_run(args, root: Path, backends: list[str], rep: int) -> dict:
     summary = run_cell(cfg, "tiny", args.sampler, args.correction, 0, out, model_dir=args.model_dir)
     df = pd.read_parquet(out / "metrics.parquet")
     step = df[[f"sec_{p}" for p in PHASES]].sum(axis=1)
-    return {"summary": summary, "step_s": float(step.median()), "rows": df, "tracking_s": summary["seconds_by_phase"].get("tracking", 0.0)}
+    return {"summary": summary, "step_s": float(step.median()), "rows": df,
+            "tracking_s": summary["seconds_by_phase"].get("tracking", 0.0)}
 
 
 def replay(args, root: Path, backend: str, rows: pd.DataFrame, summary: dict, step_s: float, mlflow_uri: str = "") -> dict:
@@ -111,7 +113,8 @@ def main() -> None:
             runs[kind].append(r)
             print(f"  rep {rep} {kind:4s}: wall {r['summary']['wall_seconds']:6.1f} s, median step {r['step_s']:.3f} s, "
                   f"in trackers {r['tracking_s']:.2f} s, load {os.getloadavg()[0]:.1f}", flush=True)
-    med = {k: {m: statistics.median(r[m] if m != "wall" else r["summary"]["wall_seconds"] for r in v) for m in ("step_s", "wall", "tracking_s")}
+    med = {k: {m: statistics.median(r[m] if m != "wall" else r["summary"]["wall_seconds"] for r in v)
+               for m in ("step_s", "wall", "tracking_s")}
            for k, v in runs.items()}
     print(f"\n(1) {args.steps}-step cell {args.sampler}/{args.correction}, median of {args.reps}:")
     print(f"  step (sec_* phases): {med['none']['step_s']:.3f} s without, {med['all']['step_s']:.3f} s with all three: "

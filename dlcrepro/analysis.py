@@ -41,7 +41,8 @@ def eval_setting(cell_dir: Path, model: str) -> dict:
     task = cfg.get("task", {})
     n_train = task.get("n_train", math.nan)
     pool = min(train.get("pool_size") or n_train, n_train)
-    return {"eval_on": train["eval_on"], "eval_mode": train.get("eval_mode", ""), "eval_samples": train.get("eval_samples", math.nan),
+    return {"eval_on": train["eval_on"], "eval_mode": train.get("eval_mode", ""),
+            "eval_samples": train.get("eval_samples", math.nan),
             "eval_problems": pool if train["eval_on"] == "pool" else task.get("n_test", math.nan)}
 
 
@@ -158,7 +159,8 @@ def ess_crossings(steps: pd.DataFrame) -> pd.DataFrame:
 
     return (
         df.groupby(RUN)
-        .apply(lambda g: pd.Series({"ess_crossing_step": first(g, "_ess"), "ess_gauss_crossing_step": first(g, "ess_lag_gauss")}), include_groups=False)
+        .apply(lambda g: pd.Series({"ess_crossing_step": first(g, "_ess"), "ess_gauss_crossing_step": first(g, "ess_lag_gauss")}),
+               include_groups=False)
         .reset_index()
     )
 
@@ -172,12 +174,6 @@ def per_run(steps: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     for f in (noise_floor_multiple, leave_floor_step, ess_crossings):
         out = out.merge(f(steps), on=RUN, how="left")
     return out
-
-
-def cell_stats(per_run_df: pd.DataFrame, col: str) -> pd.DataFrame:
-    """Mean ± sd over seeds of a per-run column, per cell (NaN runs are counted, not averaged)."""
-    g = per_run_df.groupby(CELL)[col]
-    return pd.DataFrame({"mean": g.mean(), "sd": g.std(ddof=1), "n_runs": g.size(), "n_valid": g.count()}).reset_index()
 
 
 # ----------------------------------------------------------------------------- accuracy drops and collapse
@@ -406,7 +402,6 @@ def interval_width_by_probe_density(steps: pd.DataFrame, thinning=(1, 2, 5)) -> 
     return pd.DataFrame(rows)
 
 
-POOL_SAMPLED = "RL-pool accuracy (sampled)"  # what the tiny study's test_accuracy is
 HELDOUT_GREEDY = "held-out accuracy (greedy)"  # heldout_accuracy_greedy; the paper config's test_accuracy
 
 
@@ -449,8 +444,8 @@ def final_heldout(steps: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     out = runs[RUN].copy()
     out["initial_heldout"] = runs.get("initial_heldout_accuracy_greedy", pd.Series(math.nan, index=runs.index)).to_numpy(float)
     if "heldout_accuracy_greedy" in steps:
-        last = (steps.loc[steps["heldout_accuracy_greedy"].notna()].sort_values("step").groupby(RUN)["heldout_accuracy_greedy"].last()
-                .rename("final_heldout").reset_index())
+        last = (steps.loc[steps["heldout_accuracy_greedy"].notna()].sort_values("step")
+                .groupby(RUN)["heldout_accuracy_greedy"].last().rename("final_heldout").reset_index())
         out = out.merge(last, on=RUN, how="left")
     else:
         out["final_heldout"] = math.nan

@@ -39,7 +39,7 @@ from .initial_eval import identity as initial_identity
 from .initial_eval import load_initial_eval
 from .preload import import_job_modules
 from .procs import pause_point
-from .registry import engine_topk
+from .registry import UnknownNameError, engine_topk
 from .train import Cell, Trainer, train_steps
 from .util import DamagedFileError, atomic_save, atomic_write_text, disk_full, log, remove_leftovers
 
@@ -169,7 +169,7 @@ def check_names(cfg: Config, model: str, sampler: str, correction: str) -> None:
     """Fail fast, before anything is written, on a model the config lacks or an unregistered
     sampler or correction; the error lists the known names."""
     if model not in cfg.models:
-        raise KeyError(f"unknown model {model!r}; known: {sorted(cfg.models)}")
+        raise UnknownNameError(f"unknown model {model!r}; known: {sorted(cfg.models)}")
     get_sampler(sampler), get_correction(correction)
 
 
@@ -235,10 +235,12 @@ def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkp
         note(f"θ_0's accuracies are read from {initial_eval}")
     if shared_rollouts is not None:  # checked before anything loads: another run's file stops here
         topk = engine_topk(meta["correction"], cfg.engine)  # what Trainer.topk will be
-        shared = rollouts.load(shared_rollouts, rollouts.identity(cfg, meta["model"], meta["sampler"], meta["seed"], mdir, topk), topk)
+        shared = rollouts.load(shared_rollouts, rollouts.identity(cfg, meta["model"], meta["sampler"], meta["seed"], mdir, topk),
+                               topk)
         note(f"steps {min(shared)}-{max(shared)}: the batches its engine samples at θ_0 are read from {shared_rollouts}")
     torch.manual_seed(meta["seed"])
-    tr = Trainer(cfg, meta["model"], meta["sampler"], meta["correction"], meta["seed"], mdir, shared_rollouts=shared, initial=initial)
+    tr = Trainer(cfg, meta["model"], meta["sampler"], meta["correction"], meta["seed"], mdir, shared_rollouts=shared,
+                 initial=initial)
     setup_sec = time.perf_counter() - t0
     ckpt, run = out / CKPT_FILE, run_identity(meta, cfg)
     cell = start_or_resume(tr, ckpt, out, meta, run, note)
@@ -275,7 +277,8 @@ def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkp
     if not keep_checkpoint:
         checkpoint.remove(ckpt)
         pause_point("checkpoint_removed")
-    note(f"finished {out}: {json.dumps({k: summary[k] for k in ('final_test_accuracy', 'noise_floor_multiple', 'resync_steps', 'diverged_at_step')})}")
+    shown = ('final_test_accuracy', 'noise_floor_multiple', 'resync_steps', 'diverged_at_step')
+    note(f"finished {out}: {json.dumps({k: summary[k] for k in shown})}")
     return summary
 
 

@@ -77,7 +77,8 @@ def verify(path: Path, run=None) -> dict:
     want = files[0] if files else {}
     short = "truncated: " if got["bytes"] < want.get("bytes", 0) else ""
     raise BadCheckpoint(path, "damaged", f"is damaged ({short}{got['bytes']:,} bytes, sha256 {got['sha256'][:12]}; {side.name} "
-                                         f"records step {want.get('step')}: {want.get('bytes', 0):,} bytes, sha256 {str(want.get('sha256'))[:12]})")
+                                         f"records step {want.get('step')}: {want.get('bytes', 0):,} bytes, sha256 "
+                                         f"{str(want.get('sha256'))[:12]})")
 
 
 def load(path: Path, run=None, map_location=None) -> tuple[dict, dict]:

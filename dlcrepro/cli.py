@@ -71,7 +71,8 @@ def cmd_rollouts(args) -> int:
     from .celldir import cell_model_dir
 
     cfg = _load(args)
-    write_rollouts(cfg, args.model, args.sampler, args.seed, Path(args.out), cell_model_dir(cfg, args.model, args.model_dir), args.topk)
+    write_rollouts(cfg, args.model, args.sampler, args.seed, Path(args.out), cell_model_dir(cfg, args.model, args.model_dir),
+                   args.topk)
     return 0
 
 
@@ -186,7 +187,8 @@ def cmd_scan(args) -> int:
         tables_out, figures_out = args.tables_out or args.out, args.figures_out or args.out
         if not (tables_out and figures_out):
             raise SystemExit("scan --redraw: give --out (or --tables-out and --figures-out)")
-        write_report(read_raw(args.redraw), Path(tables_out), Path(figures_out), args.name, args.n_boot, args.paper_response_tokens)
+        write_report(read_raw(args.redraw), Path(tables_out), Path(figures_out), args.name, args.n_boot,
+                     args.paper_response_tokens)
         return 0
     missing = [f for f, v in (("--sampler", args.sampler), ("--corrections", args.corrections), ("--out", args.out)) if not v]
     if missing:
@@ -231,13 +233,16 @@ def calibrate_plan(cfg, results: Path, earlier: str | None) -> None:
         errors = projection_errors(json.loads(Path(earlier).read_text()), measured)
         if not errors:
             raise SystemExit(f"--projection-error {earlier}: none of its projected jobs has run under {results}")
-        print(f"projection error of {earlier} (projected / measured - 1), per job; a trained cell's also on its work, start-up apart:")
+        print(f"projection error of {earlier} (projected / measured - 1), per job; a trained cell's also on its work, start-up "
+              "apart:")
         for e in errors:
             work = "" if e["work_error"] is None else f"  work {e['work_error']:+7.1%}  ({e['process']})"
-            print(f"  {e['job']:<60} {e['projected_min']:7.2f} min projected {e['measured_min']:7.2f} measured {e['error']:+7.1%}{work}")
+            print(f"  {e['job']:<60} {e['projected_min']:7.2f} min projected {e['measured_min']:7.2f} measured "
+                  f"{e['error']:+7.1%}{work}")
         t = projection_error_totals(errors)
         if t:
-            print(f"total cell-time of {t['cells']} trained cells: {t['projected_min']:.2f} min projected, {t['measured_min']:.2f} measured "
+            print(f"total cell-time of {t['cells']} trained cells: {t['projected_min']:.2f} min projected, "
+                  f"{t['measured_min']:.2f} measured "
                   f"({t['total']:+.1%}); largest cell error {t['worst']['error']:+.1%} ({t['worst']['job']})")
             if t["work_total"] is not None:
                 print(f"  on work, start-up apart ({t['work_cells']} cells): total {t['work_total']:+.1%}; largest cell error "
@@ -286,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
 
     rh = sub.add_parser("rehearsal", help="make the rehearsal's Qwen3 checkpoint and Countdown data set in the Hugging Face "
                         "cache, found by id as a downloaded one (configs/rehearsal.yaml)")
-    rh.add_argument("--cache", help="the hub cache to write into (default: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub)")
+    rh.add_argument("--cache",
+                    help="the hub cache to write into (default: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub)")
     rh.add_argument("--warmstart-steps", type=int, help="shorten the warm start (tests); default: the recipe's")
     rh.add_argument("--summary", help="also write the summary (JSON) here")
     rh.set_defaults(fn=cmd_rehearsal)
@@ -299,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--out", required=True, help="the cell's result directory")
     t.add_argument("--model-dir", help="model weights directory (default from the config)")
     t.add_argument("--keep-checkpoint", action="store_true",
-                   help="keep the final state as checkpoint.pt (θ_t and θ_s after the last step: an input for `scan --checkpoint`)")
+                   help="keep the final state as checkpoint.pt (θ_t and θ_s after the last step: an input for `scan "
+                        "--checkpoint`)")
     t.add_argument("--rollouts", metavar="FILE",
                    help="the batches its sampler's cells share (`rollouts`): read while the engine holds θ_0, not sampled")
     t.add_argument("--initial", metavar="FILE",
@@ -315,13 +322,15 @@ def main(argv: list[str] | None = None) -> int:
     server_option(ie)
     ie.set_defaults(fn=cmd_initial_eval)
 
-    ro = sub.add_parser("rollouts", help="sample once the steps every cell of a lagged sampler samples from θ_0 (for `train --rollouts`)")
+    ro = sub.add_parser("rollouts",
+                        help="sample once the steps every cell of a lagged sampler samples from θ_0 (for `train --rollouts`)")
     common(ro)
     ro.add_argument("--sampler", required=True)
     ro.add_argument("--seed", type=int, required=True)
     ro.add_argument("--out", required=True, help="the rollouts file")
     ro.add_argument("--model-dir", help="model weights directory (default from the config)")
-    ro.add_argument("--topk", type=int, default=0, help="the engine's top-k log-probs kept (engine.topk where a correction reads them; 0: none)")
+    ro.add_argument("--topk", type=int, default=0,
+                    help="the engine's top-k log-probs kept (engine.topk where a correction reads them; 0: none)")
     server_option(ro)
     ro.set_defaults(fn=cmd_rollouts)
 
@@ -349,9 +358,11 @@ def main(argv: list[str] | None = None) -> int:
     tb.add_argument("--steps")
     tb.add_argument("--runs")
     tb.add_argument("--out", default="paper_tables")
-    tb.add_argument("--redraw-tex", metavar="DIR", help="only rewrite DIR's .tex tables from their .csv and .md caption (no numbers change)")
+    tb.add_argument("--redraw-tex", metavar="DIR",
+                    help="only rewrite DIR's .tex tables from their .csv and .md caption (no numbers change)")
     tb.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the intervals")
-    tb.add_argument("--replicates", nargs="*", metavar="SEEDS", help="seed groups checked apart, e.g. 0,1,2 3,4,5 (default: all seeds, one group)")
+    tb.add_argument("--replicates", nargs="*", metavar="SEEDS",
+                    help="seed groups checked apart, e.g. 0,1,2 3,4,5 (default: all seeds, one group)")
     tb.add_argument("--other-machines", nargs="*", metavar="CSV",
                     help="findings.csv, or findings_steps.csv and findings_runs.csv, of the same grid from other CPU kinds "
                     "(seen on one kind only: 'seen on one machine')")
@@ -382,24 +393,31 @@ def main(argv: list[str] | None = None) -> int:
     common(sc)
     sc.add_argument("--sampler", help="sampler name (required unless --redraw)")
     sc.add_argument("--corrections", nargs="+", help="correction names; they share each repetition's batches")
-    sc.add_argument("--prompts", nargs="+", type=int, default=[8, 16, 32, 64], help="the ladder: prompts per batch (responses per prompt: the config's)")
+    sc.add_argument("--prompts", nargs="+", type=int, default=[8, 16, 32, 64],
+                    help="the ladder: prompts per batch (responses per prompt: the config's)")
     sc.add_argument("--reps", type=int, default=8, help="repetitions per rung, each with fresh prompts and seeds")
     sc.add_argument("--seed", type=int, default=0)
     sc.add_argument("--out", help="directory of scan.parquet, the table and the figure")
     sc.add_argument("--model-dir", help="θ: model weights directory (default from the config; the run's θ_0 with --checkpoint)")
     sc.add_argument("--checkpoint", help="θ: a run's checkpoint.pt (its policy; its sampler state for lagged samplers)")
     sc.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples for the intervals")
-    sc.add_argument("--paper-response-tokens", type=float, help="mean response tokens of the paper's batch for T* (default: 300, an assumption)")
+    sc.add_argument("--paper-response-tokens", type=float,
+                    help="mean response tokens of the paper's batch for T* (default: 300, an assumption)")
     sc.add_argument("--name", default="scaling", help="file stem of the table and the figure")
-    sc.add_argument("--redraw", nargs="+", metavar="PARQUET", help="no scan: write the table and figure from these scan.parquet files")
+    sc.add_argument("--redraw", nargs="+", metavar="PARQUET",
+                    help="no scan: write the table and figure from these scan.parquet files")
     sc.add_argument("--tables-out", help="with --redraw: where the table goes (default --out)")
     sc.add_argument("--figures-out", help="with --redraw: where the figure goes (default --out)")
     sc.set_defaults(fn=cmd_scan)
 
-    pl = sub.add_parser("plan", help="before submitting: cells trained and copied, GPU-hours requested and estimated, the largest job, missing weights or data")
-    pl.add_argument("--config", nargs="+", default=["configs/tiny.yaml"], help="config files, merged in order (as snakemake --configfile)")
+    pl = sub.add_parser("plan",
+                        help="before submitting: cells trained and copied, GPU-hours requested and estimated, the largest job, "
+                             "missing weights or data")
+    pl.add_argument("--config", nargs="+", default=["configs/tiny.yaml"],
+                    help="config files, merged in order (as snakemake --configfile)")
     pl.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (dotted)")
-    pl.add_argument("--calibrate", metavar="RESULTS", help="calibrate from the jobs that ran under RESULTS (the pilot's, the grid's): "
+    pl.add_argument("--calibrate", metavar="RESULTS",
+                    help="calibrate from the jobs that ran under RESULTS (the pilot's, the grid's): "
                     "project the rest, write RESULTS/_calibration.<config name>.json (the rules' requests then read it)")
     pl.add_argument("--projection-error", metavar="CALIBRATION", help="with --calibrate: first compare an earlier calibration "
                     "file's projections with the jobs that have run since")
@@ -410,11 +428,15 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv
     from .checkpoint import BadCheckpoint
     from .config import ConfigError
+    from .registry import UnknownNameError
     from .util import DamagedFileError, DiskFullError, NonFiniteError, disk_full
 
+    # a user's mistake (a config value, an unknown name, a missing file) or a condition of the data or
+    # the disk ends in one line; anything else is a bug and keeps its traceback
     try:
         return args.fn(args)
-    except (ConfigError, KeyError, FileNotFoundError, NonFiniteError, DiskFullError, DamagedFileError, BadCheckpoint) as e:
+    except (ConfigError, UnknownNameError, FileNotFoundError, NonFiniteError, DiskFullError, DamagedFileError,
+            BadCheckpoint) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a full disk met outside the atomic writers (a log line, a library's cache)

@@ -359,8 +359,8 @@ def _scalar_ok(value: Any, want: type) -> bool:
 
 def _yaml_float_hint(value: Any) -> str:
     """Why a number written like `1e-3` arrives as text: YAML 1.1 (PyYAML, and Snakemake's
-    --configfile, whose schema check refuses it before this runs) reads an exponent as a float only with a dot in the mantissa and a sign in the
-    exponent (1.0e-3, 1.0e+3)."""
+    --configfile, whose schema check refuses it before this runs) reads an exponent as a float only
+    with a dot in the mantissa and a sign in the exponent (1.0e-3, 1.0e+3)."""
     m = re.fullmatch(r"([-+]?(?:\d+\.?\d*|\.\d+))[eE]([-+]?)(\d+)", value.strip()) if isinstance(value, str) else None
     if m is None or isinstance(yaml.safe_load(value), float):  # a float YAML reads as one was quoted: no hint
         return ""
@@ -444,7 +444,8 @@ def validate(cfg: Config) -> Config:
         for low, high in (("seq_mis_low", "seq_mis_high"), ("geo_low", "geo_high"), ("icepop_low", "icepop_high"),
                           ("behav_weight_low", "behav_weight_cap")):
             if getattr(t, low) > getattr(t, high):  # an empty band would drop every token, silently
-                raise ConfigError(f"train.{low}={getattr(t, low)} is above train.{high}={getattr(t, high)}: the band keeps nothing")
+                raise ConfigError(f"train.{low}={getattr(t, low)} is above train.{high}={getattr(t, high)}: the band keeps "
+                                  "nothing")
     missing = missing_packages(cfg.tracking.backends)
     if missing:
         names = ", ".join(f"{b} (package {p})" for b, p in missing.items())

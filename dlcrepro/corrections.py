@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from .registry import CORRECTION_INFO, CorrectionInfo
+from .registry import CORRECTION_INFO, CorrectionInfo, UnknownNameError
 
 sg = torch.Tensor.detach
 
@@ -146,7 +146,7 @@ def register_correction(name: str):
 
 def get_correction(name: str) -> Correction:
     if name not in CORRECTIONS:
-        raise KeyError(f"unknown correction {name!r}; known: {sorted(CORRECTIONS)}")
+        raise UnknownNameError(f"unknown correction {name!r}; known: {sorted(CORRECTIONS)}")
     return CORRECTIONS[name]
 
 
@@ -271,9 +271,9 @@ def ppo(t: TokenTerms, p: CorrectionParams) -> CorrectionLoss:
     at volcengine/verl@b178a3c), which with `ppo_epochs` 1 and a mini-batch of a quarter of the batch
     (its defaults: train_batch_size 1024, ppo_mini_batch_size 256) also takes 4 SGD steps per
     sampled batch. Deliberate differences: each of our steps sees the whole batch, not a quarter
-    (train.updates_per_batch as this project defines it, docs/method.md#ppo_multi); no dual clip (verl bounds a negative-advantage token's loss at
-    `clip_ratio_c` 3 · |A|, which at r < 3 never binds); no ±20 clamp of log r (both only matter
-    when θ has moved far within one batch)."""
+    (train.updates_per_batch as this project defines it, docs/method.md#ppo_multi); no dual clip
+    (verl bounds a negative-advantage token's loss at `clip_ratio_c` 3 · |A|, which at r < 3 never
+    binds); no ±20 clamp of log r (both only matter when θ has moved far within one batch)."""
     surrogate, ratio, off = ppo_surrogate(t, token_logp(t), p.ppo_eps)
     return CorrectionLoss(-surrogate.mean(), TokenWeights(ratio * ~off, clipped=off))
 

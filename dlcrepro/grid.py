@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from .registry import updates_per_batch
+from .registry import UnknownNameError, updates_per_batch
 
 if TYPE_CHECKING:
     from .config import TrainConfig
@@ -61,7 +61,7 @@ for _s in (
 
 def get_sampler(name: str) -> Sampler:
     if name not in SAMPLERS:
-        raise KeyError(f"unknown sampler {name!r}; known: {sorted(SAMPLERS)}")
+        raise UnknownNameError(f"unknown sampler {name!r}; known: {sorted(SAMPLERS)}")
     return SAMPLERS[name]
 
 

@@ -218,7 +218,8 @@ class Learner:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
 
-    def update(self, s: Scored, rollout: Rollout, e: torch.Tensor, lp: BatchLogProbs, g: torch.Tensor, updates: int) -> torch.Tensor:
+    def update(self, s: Scored, rollout: Rollout, e: torch.Tensor, lp: BatchLogProbs, g: torch.Tensor,
+               updates: int) -> torch.Tensor:
         """The correction's `updates` SGD steps on one batch: the first along `g` (its direction at
         θ_t), each further one (PPO's epochs, `registry.updates_per_batch`) along a fresh gradient at
         the moved θ with the same θ_old (`lp.b`); θ has moved, so θ_s's distribution comes from the

@@ -236,7 +236,8 @@ def linear_methods(model: torch.nn.Module) -> dict[str, int]:
     """The decoder's linear layers counted by `linear_method`."""
     counts: dict[str, int] = {}
     for layer in decoder_linear_layers(model).values():
-        counts[linear_method(layer)] = counts.get(linear_method(layer), 0) + 1
+        method = linear_method(layer)
+        counts[method] = counts.get(method, 0) + 1
     return counts
 
 

@@ -13,6 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+class UnknownNameError(KeyError):
+    """A name nothing registers: a sampler, a correction or a model a user typed (a wildcard, an
+    option). The command line reports it in one line, where an internal KeyError keeps its traceback;
+    a KeyError still, for code that looks a name up."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""  # KeyError's own str() quotes the message
+
+
 @dataclass(frozen=True)
 class CorrectionInfo:
     """What the workflow must know of a correction before any tensor exists."""
@@ -83,7 +92,7 @@ CORRECTION_INFO: dict[str, CorrectionInfo] = _infos(
 
 def correction_info(name: str) -> CorrectionInfo:
     if name not in CORRECTION_INFO:
-        raise KeyError(f"unknown correction {name!r}; known: {sorted(CORRECTION_INFO)}")
+        raise UnknownNameError(f"unknown correction {name!r}; known: {sorted(CORRECTION_INFO)}")
     return CORRECTION_INFO[name]
 
 

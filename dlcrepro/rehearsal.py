@@ -152,7 +152,8 @@ def write_snapshot(src: Path, repo_id: str, kind: str, cache: Path) -> Path:
 def rehearsal_problems() -> list[Problem]:
     """The data set's rows: solvable 3- and 4-number problems, shuffled together (deterministic)."""
     parts = [
-        countdown.generate(rows, seed=DATASET_SEED + k, num_numbers=k, number_range=DATASET_RANGES[k][0], target_range=DATASET_RANGES[k][1])
+        countdown.generate(rows, seed=DATASET_SEED + k, num_numbers=k, number_range=DATASET_RANGES[k][0],
+                           target_range=DATASET_RANGES[k][1])
         for k, rows in DATASET_ROWS.items()
     ]
     rows = [p for part in parts for p in part]
@@ -366,8 +367,10 @@ def build(cache: Path | None = None, n_train: int = 12_000, warmstart_steps: int
     cache = Path(cache) if cache else hf_hub_cache()
     t0 = time.time()
     ds = write_dataset(cache)
-    ws = REHEARSAL_WARMSTART if warmstart_steps is None else WarmstartConfig(**{**asdict(REHEARSAL_WARMSTART), "steps": warmstart_steps})
+    ws = REHEARSAL_WARMSTART if warmstart_steps is None else WarmstartConfig(**{**asdict(REHEARSAL_WARMSTART),
+                                                                                "steps": warmstart_steps})
     summary = {"dataset": REHEARSAL_DATASET, "dataset_snapshot": str(ds), **build_checkpoint(cache, ds, n_train, ws)}
     summary["seconds_total"] = round(time.time() - t0, 1)
-    log(f"rehearsal: {json.dumps({k: summary[k] for k in ('parameters', 'steps', 'greedy_test_accuracy', 'mean_response_tokens')})}")
+    log(f"rehearsal: "
+        f"{json.dumps({k: summary[k] for k in ('parameters', 'steps', 'greedy_test_accuracy', 'mean_response_tokens')})}")
     return summary

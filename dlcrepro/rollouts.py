@@ -99,7 +99,8 @@ def write_rollouts(cfg: Config, model: str, sampler_name: str, seed: int, out: P
                 return token_logprobs(response_logits(policy, tb), tb.tokens)
 
         d = engine.check_sync(trainer_logp, data.encode_prompts(tok, check_on[:4], cfg.task.prompt))
-        log(f"sync check: {engine.kind} engine holds θ_0: mean |log q − log π| {d:.4f}/token (bound {engine.precision.sync_bound})")
+        log(f"sync check: {engine.kind} engine holds θ_0: mean |log q − log π| {d:.4f}/token (bound "
+            f"{engine.precision.sync_bound})")
     out_steps = {}
     for k in range(1, count + 1):
         idx = step_problems(seed, k, pool, t.prompts_per_step)
@@ -107,5 +108,6 @@ def write_rollouts(cfg: Config, model: str, sampler_name: str, seed: int, out: P
         out_steps[k] = engine.generate(prompts, t.responses_per_prompt, derive_seed(seed, k, "sample"), topk)
     ident = identity(cfg, model, sampler_name, seed, model_dir, topk)
     save(out, ident, out_steps)
-    log(f"rollouts {model}/{sampler_name}/seed{seed}: steps 1-{count} sampled from θ_0 ({sampler.precision} engine, top-k {topk}) into {out}")
+    log(f"rollouts {model}/{sampler_name}/seed{seed}: steps 1-{count} sampled from θ_0 ({sampler.precision} engine, top-k "
+        f"{topk}) into {out}")
     return ident

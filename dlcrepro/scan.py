@@ -146,7 +146,8 @@ def paper_batch_tokens(response_tokens: float | None = None, config: Path = PAPE
     length = ASSUMED_RESPONSE_TOKENS if assumed else float(response_tokens)
     t_star = p * r * length
     how = "assumed: the paper's mean response length is not known here" if assumed else "given"
-    return t_star, f"T* = {p} prompts x {r} responses x {_fmt(length)} tokens = {t_star:,.0f} tokens ({_fmt(length)} tokens per response {how})"
+    return t_star, (f"T* = {p} prompts x {r} responses x {_fmt(length)} tokens = {t_star:,.0f} tokens "
+                    f"({_fmt(length)} tokens per response {how})")
 
 
 def paper_value(text: str) -> float:
@@ -195,7 +196,8 @@ def scaling_table(rungs: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
             "batch": "T* (extrapolated)", "reps": "", "tokens T": round(c["t_star"]),
             "M [95 % CI]": _ci_text(c["multiple_at_t_star"], c["multiple_at_t_star_low"], c["multiple_at_t_star_high"]),
             "residual M-1-bT": "",
-            f"b per {BETA_UNIT} tokens [95 % CI]": _ci_text(c["beta"] * BETA_UNIT, c["beta_low"] * BETA_UNIT, c["beta_high"] * BETA_UNIT),
+            f"b per {BETA_UNIT} tokens [95 % CI]": _ci_text(c["beta"] * BETA_UNIT, c["beta_low"] * BETA_UNIT,
+                                                            c["beta_high"] * BETA_UNIT),
             "paper": c["paper"],
             "mean": c["multiple_at_t_star"], "ci_low": c["multiple_at_t_star_low"], "ci_high": c["multiple_at_t_star_high"],
         })
@@ -250,7 +252,8 @@ def plot_scaling(rungs: pd.DataFrame, cells: pd.DataFrame, out: Path, name: str)
                         ms=4, capsize=2, ls="none")
             ax.scatter(t[~up & ~np.isnan(y)] * dodge, np.full((~up & ~np.isnan(y)).sum(), edge), marker="v", color=st.color)
             if np.isfinite(c["beta"]):
-                xs, xe, xa = np.geomspace(t.min(), t.max(), 40), np.geomspace(t.max(), max(t_star, t.max()), 40), np.geomspace(t.min(), max(t_star, t.max()), 80)
+                xs, xe, xa = (np.geomspace(t.min(), t.max(), 40), np.geomspace(t.max(), max(t_star, t.max()), 40),
+                              np.geomspace(t.min(), max(t_star, t.max()), 80))
                 if c["beta"] > 0:  # a fit at or below 0 has no line on a log axis: its band shows it
                     ax.plot(xs, c["beta"] * xs, color=st.color, lw=1.4)
                     ax.plot(xe, c["beta"] * xe, color=st.color, lw=1.0, ls="--")
@@ -261,7 +264,8 @@ def plot_scaling(rungs: pd.DataFrame, cells: pd.DataFrame, out: Path, name: str)
                 ax.annotate(f"paper {c['paper']}", (t_star, c["paper_value"] - 1), textcoords="offset points", xytext=(-6, 6),
                             ha="right", fontsize=7)
         ax.axvline(t_star, color="grey", lw=0.8, ls=":")
-        ax.set(xscale="log", yscale="log", xlabel="response tokens per batch T", ylabel="M − 1", title=f"{model}: {sampler} at {theta}")
+        ax.set(xscale="log", yscale="log", xlabel="response tokens per batch T", ylabel="M − 1",
+               title=f"{model}: {sampler} at {theta}")
         ax.set_ylim(bottom=edge * 0.7)
     reps = sorted(set(rungs["reps"].astype(int))) if "reps" in rungs else []
     _title(fig, "Noise-floor multiple M − 1 against the batch's response tokens T at a fixed θ (no update); "
@@ -345,7 +349,7 @@ def scan(cfg, model: str, sampler: str, corrections: list[str], prompts: list[in
     the corrections of a repetition share its sampler batch and its probes (so its floor).
 
     θ_t: the model directory, or the checkpoint's `policy`; θ_s: the same, or for a lagged sampler
-    the checkpoint's `sampler`. θ never moves: no `_apply`. A resync correction (dlc, is_resync) is
+    the checkpoint's `sampler`. θ never moves: no `Learner.sgd_step`. A resync correction (dlc, is_resync) is
     measured at this θ_s without its resync (the rows' `ess_lag` says where it would have fired); a
     correction with several SGD steps per batch (`registry.updates_per_batch` > 1: ppo_multi, or ppo
     with train.updates_per_batch > 1) needs updates and is refused."""
@@ -353,10 +357,11 @@ def scan(cfg, model: str, sampler: str, corrections: list[str], prompts: list[in
 
     from .config import ConfigError
     from .corrections import get_correction
+    from .registry import UnknownNameError
     from .train import Trainer
 
     if model not in cfg.models:
-        raise KeyError(f"unknown model {model!r}; known: {sorted(cfg.models)}")
+        raise UnknownNameError(f"unknown model {model!r}; known: {sorted(cfg.models)}")
     mdir = paths.model_dir(cfg, model, model_dir)
     if not (mdir / "config.json").exists():
         raise FileNotFoundError(f"model directory {mdir} has no config.json")
@@ -370,7 +375,8 @@ def scan(cfg, model: str, sampler: str, corrections: list[str], prompts: list[in
                               f"or its own in the registry); the scan does not update θ")
     pool = tcfg.pool_size or cfg.task.n_train
     if max(prompts) > pool:
-        raise ConfigError(f"train.pool_size={tcfg.pool_size}: a rung of {max(prompts)} prompts needs a pool of as many (e.g. --set train.pool_size=0)")
+        raise ConfigError(f"train.pool_size={tcfg.pool_size}: a rung of {max(prompts)} prompts needs a pool of as many (e.g. "
+                          "--set train.pool_size=0)")
     torch.manual_seed(seed)
     # built with a correction that reads the engine's distribution if any does, so the sampler
     # batch carries its top-k log-probs (Trainer.topk)
@@ -378,13 +384,15 @@ def scan(cfg, model: str, sampler: str, corrections: list[str], prompts: list[in
     cell = _place(tr, checkpoint)
     synced = cell.sampler_version == cell.step  # θ_s is θ_t
     ident = {"model": model, "theta": f"step {cell.step}" if checkpoint else "warm start", "sampler": sampler, "seed": seed,
-             "model_dir": str(mdir), "checkpoint": str(checkpoint or ""), "step": cell.step, "sampler_version": cell.sampler_version}
+             "model_dir": str(mdir), "checkpoint": str(checkpoint or ""), "step": cell.step,
+             "sampler_version": cell.sampler_version}
     rows = []
     for n in prompts:
         t0 = time.perf_counter()
         for rep in range(reps):
             rows += [ident | r for r in _repetition(tr, synced, list(corrections), n, rep, seed)]
-        log(f"scan {model}/{sampler} at {ident['theta']}: {n} prompts x {tcfg.responses_per_prompt}, {reps} reps, {time.perf_counter() - t0:.1f} s")
+        log(f"scan {model}/{sampler} at {ident['theta']}: {n} prompts x {tcfg.responses_per_prompt}, {reps} reps, "
+            f"{time.perf_counter() - t0:.1f} s")
     return pd.DataFrame(rows)
 
 
@@ -409,7 +417,8 @@ def write_report(raw: pd.DataFrame, tables_out: Path, figures_out: Path, name: s
 
 
 def run_scan(cfg, model: str, sampler: str, corrections: list[str], prompts: list[int], reps: int, out: Path, seed: int = 0,
-             model_dir=None, checkpoint=None, n_boot: int = 2000, response_tokens: float | None = None, name: str = "scaling") -> pd.DataFrame:
+             model_dir=None, checkpoint=None, n_boot: int = 2000, response_tokens: float | None = None,
+             name: str = "scaling") -> pd.DataFrame:
     """`scan`, then its raw rows to `<out>/scan.parquet` and its table and figure into `out`."""
     out = Path(out)
     raw = scan(cfg, model, sampler, corrections, prompts, reps, seed, model_dir, checkpoint)

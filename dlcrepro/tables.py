@@ -46,12 +46,6 @@ def _fmt(x, digits=3):
     return str(x)
 
 
-def _mean_sd(mean, sd, digits=3):
-    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
-        return "n/a"
-    return f"{_fmt(mean, digits)} ± {_fmt(sd, 2)}" if not (isinstance(sd, float) and math.isnan(sd)) else _fmt(mean, digits)
-
-
 def _ci_text(mean, lo, hi, margins=()):
     """"1.21 [0.719, 2.005]": a mean and its interval to 3 significant digits, more where fewer would
     print an end on or across one of `margins` (intervals.apart); "n/a" without a mean."""
@@ -105,7 +99,8 @@ def accuracy_table(pr: pd.DataFrame, name: str = "test accuracy", heldout: pd.Da
         h0, h1 = (A.mean_interval(heldout.rename(columns={c: "x"}), "x") for c in ("initial_heldout", "final_heldout"))
         s[f"{A.HELDOUT_GREEDY} at step 0"] = s[A.CELL].merge(h0, on=A.CELL, how="left")["mean"].map(_fmt).to_numpy()
         h1 = s[A.CELL].merge(h1, on=A.CELL, how="left")
-        s[f"{A.HELDOUT_GREEDY}, final (mean [95 % CI])"] = [_ci_text(m, lo, hi) for m, lo, hi in zip(h1["mean"], h1["ci_low"], h1["ci_high"])]
+        s[f"{A.HELDOUT_GREEDY}, final (mean [95 % CI])"] = [_ci_text(m, lo, hi)
+                                                             for m, lo, hi in zip(h1["mean"], h1["ci_low"], h1["ci_high"])]
         shown += [f"{A.HELDOUT_GREEDY} at step 0", f"{A.HELDOUT_GREEDY}, final (mean [95 % CI])"]
     s["paper"] = [PAPER_ACCURACY.get((a, b), "") for a, b in zip(s["sampler"], s["correction"])]
     return s[A.CELL + shown + ["paper", "mean", "ci_low", "ci_high"]]
@@ -123,7 +118,8 @@ def ess_crossing_table(pr: pd.DataFrame, correction: str = "is") -> pd.DataFrame
             "ESS < 1/2 at step (per seed)": lst("ess_crossing_step"),
             "Gaussian predicts (per seed)": lst("ess_gauss_crossing_step"),
             f"{correction} leaves the floor (per seed)": lst("leave_floor_step"),
-            "diverged (per seed)": ", ".join(f"{DIVERGED_MARK} at step {int(v)}" if v == v else "no" for v in g["diverged_at_step"]),
+            "diverged (per seed)": ", ".join(f"{DIVERGED_MARK} at step {int(v)}" if v == v else "no"
+                                             for v in g["diverged_at_step"]),
             "paper": PAPER_ESS.get((sampler,), ""),
         })
     return pd.DataFrame(rows)
@@ -215,8 +211,9 @@ def spearman_out(steps: pd.DataFrame, drops: pd.DataFrame, n_boot: int = 1000) -
 
 # Characters a table holds, as pdflatex writes them in text mode with no package beyond booktabs and
 # array (tests/test_tables_tex.py compiles every table). Anything else outside ASCII is an error.
-TEX_TEXT = {"/": r"/\allowbreak{}", "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "_": r"\_\allowbreak{}", "#": r"\#", "$": r"\$", "{": r"\{", "}": r"\}",
-            "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}"}
+TEX_TEXT = {"/": r"/\allowbreak{}", "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "_": r"\_\allowbreak{}", "#": r"\#",
+            "$": r"\$", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "<": r"\textless{}",
+            ">": r"\textgreater{}", "|": r"\textbar{}"}
 TEX_SYMBOL = {"±": r"\pm", "≤": r"\le", "≥": r"\ge", "→": r"\to", "×": r"\times", "−": "-", "δ": r"\delta", "λ": r"\lambda",
               "θ": r"\theta", "ρ": r"\rho", "π": r"\pi", "ε": r"\varepsilon", "Σ": r"\Sigma", "·": r"\cdot", "‖": r"\|",
               "✓": r"\surd", "✗": r"\times", "≈": r"\approx", "∞": r"\infty", "†": r"\dagger", "∇": r"\nabla", "β": r"\beta",
@@ -374,9 +371,9 @@ def write_table(df: pd.DataFrame, out: Path, name: str, caption: str) -> None:
 
 
 # What counts as a divergence, said in every caption where a diverged run can appear.
-DIVERGED = ("† a run that diverged: an update left its update direction or weights NaN or infinite, or grew its largest |weight| "
-            "10-fold with the engine's sync check then failing (docs/method.md#diverged-runs); its final accuracy counts as 0 and "
-            "its M is over its probe steps before the divergence.")
+DIVERGED = ("† a run that diverged: an update left its update direction or weights NaN or infinite, or grew its largest "
+            "|weight| 10-fold with the engine's sync check then failing (docs/method.md#diverged-runs); its final accuracy "
+            "counts as 0 and its M is over its probe steps before the divergence.")
 CAPTIONS = {
     "noise_floor": (
         "Deviation from on-policy training in multiples of the noise floor: per run M = sum dev / sum floor over its "
@@ -453,15 +450,16 @@ def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 
         "ess_crossing": absent(ess_crossing_table(pr), "no `is` run under a lagged sampler (stale, fp8_stale)"),
         "resync": absent(resync_table(pr), "no run of a correction with resync (dlc, is_resync)"),
         "off_support": absent(off_support_table(drops), "no accuracy drops: they need the bf16/pg reference and another cell"),
-        "spearman": absent(spearman_out(distinct_steps, drops, n_boot), "no accuracy drops: they need the bf16/pg reference and another cell"),
+        "spearman": absent(spearman_out(distinct_steps, drops, n_boot),
+                           "no accuracy drops: they need the bf16/pg reference and another cell"),
         "probe_density": A.interval_width_by_probe_density(steps),
         "findings": findings_from(out, other_machines or [], n_boot),
         "zoo": zoo_table(steps, pr, name),
     }
     listed = [o.name for o in outputs.TABLES]  # the one list of outputs: what the workflow expects written
     if set(t) != set(listed):
-        raise LookupError(f"dlcrepro/outputs.py lists the tables {sorted(set(listed) - set(t))} that tables.write_all does not build, "
-                          f"and write_all builds {sorted(set(t) - set(listed))} that the list lacks")
+        raise LookupError(f"dlcrepro/outputs.py lists the tables {sorted(set(listed) - set(t))} that tables.write_all does not "
+                          f"build, and write_all builds {sorted(set(t) - set(listed))} that the list lacks")
     for name in listed:
         write_table(t[name], out, name, caption(name, t[name]).replace("{measure}", A.eval_measure(steps, runs)))
     return {name: t[name] for name in listed}

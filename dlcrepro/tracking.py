@@ -11,9 +11,10 @@ A backend is one class with `start(cell, params)`, `log(step, row)` and `finish(
 (`summary` None: the run failed), registered by name. `Trackers` drives a run's backends and keeps
 each one's failure to itself: the first error a backend raises (a lost server) is reported once, in
 the cell's log, and that backend logs no more in this run; training goes on. No backend is imported
-before a run starts one (or the fork server of a study that names it, once): this module is
-stdlib-only, like dlcrepro/config.py, which checks the names against `BACKENDS` and that each
-one's package is installed.
+before a run starts one (or the fork server of a study that names it, once): this module imports
+only the standard library, so dlcrepro/config.py (torch-free: the standard library, PyYAML and the
+package's registries) can import it to check the names against `BACKENDS` and that each one's
+package is installed.
 """
 
 from __future__ import annotations
@@ -297,7 +298,8 @@ class MLflowTracker(Backend):
         from mlflow.entities import Metric
 
         now, step = int(time.time() * 1000), summary.get("steps", self.last_step)
-        self.client.log_batch(self.run_id, metrics=[Metric(f"summary.{k}", v, now, step) for k, v in summary_numbers(summary).items()])
+        self.client.log_batch(self.run_id,
+                              metrics=[Metric(f"summary.{k}", v, now, step) for k, v in summary_numbers(summary).items()])
         self.client.log_dict(self.run_id, summary, "summary.json")
         self.client.set_terminated(self.run_id, status="FINISHED")
 

@@ -124,7 +124,8 @@ class Trainer(Learner):
         self.shared_rollouts = dict(shared_rollouts or {})
         self.initial_accuracies = None if initial is None else dict(initial)
         if self.correction.needs_q and self.topk < 1:
-            raise ConfigError(f"engine.topk={self.topk}: correction {correction!r} reads the engine's next-token distribution; it must be >= 1")
+            raise ConfigError(f"engine.topk={self.topk}: correction {correction!r} reads the engine's next-token distribution; "
+                              "it must be >= 1")
 
     # ------------------------------------------------------------------ the engines and the versions they hold
 
@@ -247,7 +248,8 @@ class Trainer(Learner):
                           a=lp.a.cpu(), b=lp.b.cpu(), seq=s.tb.seq.cpu(), num_seqs=s.tb.num_seqs, kl_sampler=lp.kl_sampler)
 
     def probe_terms(self, g_c: torch.Tensor, p: Probes) -> ProbeTerms:
-        return ProbeTerms(g_c=g_c, g_on=p.g_on, g_on2=p.g_on2, logp_0=p.logp_0, off_support_threshold=self.tcfg.off_support_threshold)
+        return ProbeTerms(g_c=g_c, g_on=p.g_on, g_on2=p.g_on2, logp_0=p.logp_0,
+                          off_support_threshold=self.tcfg.off_support_threshold)
 
     def draw(self, k: int, cell: Cell, idx: list[int], prompts: list[list[int]], timer: PhaseTimer, purpose: str) -> Batch:
         """Sample, score and measure step k's batch (`purpose`: see `sample`)."""
@@ -262,7 +264,8 @@ class Trainer(Learner):
         """The step's on-policy probes: two batches of its prompts from the probe engine at θ_t (in
         one engine call, independent seeds, their tokens only) and their gradients (Learner.probe)."""
         self.sync_probe(cell.step)
-        both = self.probe_engine.generate(prompts + prompts, self.tcfg.responses_per_prompt, derive_seed(self.seed, k, "probes"), logprobs=False)
+        both = self.probe_engine.generate(prompts + prompts, self.tcfg.responses_per_prompt, derive_seed(self.seed, k, "probes"),
+                                          logprobs=False)
         return self.probe([self.score(r, idx) for r in both.split(len(prompts))])
 
     # ------------------------------------------------------------------ one step
@@ -285,7 +288,8 @@ class Trainer(Learner):
                 ess_presync = batch.metrics["ess_lag"]
         if resync:  # the step's batch again, from the synced engine, with its own seeds
             batch = self.draw(k, cell, idx, prompts, timer, "resample")
-        row = {"step": k, "sync_version": cell.sampler_version, "resync": int(resync), "ess_lag_presync": ess_presync, **batch.metrics}
+        row = {"step": k, "sync_version": cell.sampler_version, "resync": int(resync), "ess_lag_presync": ess_presync,
+               **batch.metrics}
 
         probing = k % t.probe_every == 0 or k == t.steps  # the last step too: its eval needs its off-support
         with timer("probe"):
@@ -325,14 +329,17 @@ class Trainer(Learner):
         if version == 0 and self.initial_accuracies is not None:
             return dict(self.initial_accuracies)
         greedy = self._correct(self.eval_problems, self.probe_engine.greedy(self.eval_prompts))
-        sampled = self.probe_engine.generate(self.eval_prompts, t.eval_samples, derive_seed(self.seed, version, "eval"), logprobs=False)
+        sampled = self.probe_engine.generate(self.eval_prompts, t.eval_samples, derive_seed(self.seed, version, "eval"),
+                                             logprobs=False)
         out = {
             "accuracy_greedy": float(np.mean(greedy)),
-            "accuracy_sampled": float(np.mean(self._correct([self.eval_problems[g] for g in sampled.group.tolist()], sampled.response_ids))),
+            "accuracy_sampled": float(np.mean(self._correct([self.eval_problems[g] for g in sampled.group.tolist()],
+                                                            sampled.response_ids))),
             "heldout_accuracy_greedy": math.nan,
         }
         if t.eval_on == "pool":
-            out["heldout_accuracy_greedy"] = float(np.mean(self._correct(self.test_problems, self.probe_engine.greedy(self.test_prompts))))
+            out["heldout_accuracy_greedy"] = float(np.mean(self._correct(self.test_problems,
+                                                                         self.probe_engine.greedy(self.test_prompts))))
         out["test_accuracy"] = out[f"accuracy_{t.eval_mode}"]
         return out
 

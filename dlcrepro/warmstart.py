@@ -41,9 +41,11 @@ def warmstart(cfg: Config, model_name: str, out: Path | None = None) -> dict:
     model = build_tiny_model(mcfg.arch, ws.seed)
     n_params = sum(p.numel() for p in model.parameters())
     prompts = data.encode_prompts(tokenizer, train, cfg.task.prompt)
-    answers = [tokenizer(answer_text(p, cfg.task.answer_format), add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for p in train]
+    answers = [tokenizer(answer_text(p, cfg.task.answer_format), add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+               for p in train]
     t_start = time.time()
-    steps_done, loss, train_seconds = supervised_train(model, prompts, answers, ws, tokenizer.pad_token_id, f"warmstart {model_name}")
+    steps_done, loss, train_seconds = supervised_train(model, prompts, answers, ws, tokenizer.pad_token_id,
+                                                       f"warmstart {model_name}")
     model.eval()
     tmp = out / "model.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -65,7 +67,8 @@ def warmstart(cfg: Config, model_name: str, out: Path | None = None) -> dict:
         "seconds_total": round(time.time() - t_start, 1),
     }
     atomic_write_text(out / "warmstart.json", json.dumps(summary, indent=1))
-    log(f"warmstart {model_name}: {n_params} parameters, {steps_done} steps in {train_seconds:.0f} s, greedy test accuracy {acc:.3f}")
+    log(f"warmstart {model_name}: {n_params} parameters, {steps_done} steps in {train_seconds:.0f} s, greedy test accuracy "
+        f"{acc:.3f}")
     return summary
 
 

@@ -88,7 +88,8 @@ def file_rank(marker_names: set[str]) -> int:
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        heavy = set(HEAVY_MARKERS) & {m.name for m in item.iter_markers()} or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ()))
+        heavy = (set(HEAVY_MARKERS) & {m.name for m in item.iter_markers()}
+                 or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())))
         if not heavy:
             item.add_marker(pytest.mark.quick)
 
@@ -158,10 +159,12 @@ def smoke_warm_start(tmp_path_factory) -> WarmStart:
     it up to date through `WarmStart.up_to_date_in`); the smoke pipeline's test and the Slurm grid's
     run their own."""
     with built_once(tmp_path_factory, "smoke-warm-start") as (d, build):
-        out = {"results_dir": d / "results", "figures_dir": d / "figures", "tables_dir": d / "tables", "artifacts": d / "artifacts"}
+        out = {"results_dir": d / "results", "figures_dir": d / "figures", "tables_dir": d / "tables",
+               "artifacts": d / "artifacts"}
         if build:
             target = out["artifacts"] / "tiny" / "warmstart.json"
-            p = subprocess.run([sys.executable, "-m", "snakemake", "--nolock", "--cores", "2", "--configfile", str(SMOKE), "--config",
+            p = subprocess.run([sys.executable, "-m", "snakemake", "--nolock", "--cores", "2", "--configfile", str(SMOKE),
+                                "--config",
                                 *(f"{k}={v}" for k, v in out.items()), f"python={sys.executable}", "--", str(target)],
                                cwd=ROOT, capture_output=True, text=True, timeout=1800)
             assert p.returncode == 0, p.stderr[-4000:]
@@ -312,7 +315,8 @@ def kill_in_a_chain(cmd: list[str], cell: Path, tmp_path: Path, env: dict | None
     with stopped_after(proc, signal.SIGINT):
         for i, (where, _) in enumerate(KILLS):
             stop = Path(procs.pause_file(pause, i))
-            pid = int(wait_for(f"attempt {i + 1} stopped at {where}", lambda: stop.exists() and stop.read_text().strip(), 300, proc))
+            pid = int(wait_for(f"attempt {i + 1} stopped at {where}",
+                               lambda: stop.exists() and stop.read_text().strip(), 300, proc))
             wait_for(f"its process {pid} stopped", lambda: (procs._stat(pid) or ("", 0))[0] == "T", 60, proc)
             logs.append((cell / "train.log").read_text())
             os.kill(pid, signal.SIGKILL)

@@ -193,7 +193,8 @@ def test_spearman_difference_is_zero_for_the_same_measure_and_positive_for_a_bet
     for k in range(6):
         for t in range(4):
             drop = 0.1 * k + 0.02 * t
-            rows.append(dict(model="m", sampler="stale", correction="is", seed=k, step=t, drop=drop, good=drop, bad=(k * 7 + t * 3) % 5))
+            rows.append(dict(model="m", sampler="stale", correction="is", seed=k, step=t, drop=drop, good=drop,
+                             bad=(k * 7 + t * 3) % 5))
     df = pd.DataFrame(rows)
     assert A.spearman_difference(df, "good", "good", "drop", n_boot=50)[0] == 0.0
     d, lo, hi, *_ = A.spearman_difference(df, "good", "bad", "drop", n_boot=200)

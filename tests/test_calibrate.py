@@ -76,7 +76,8 @@ def test_a_calibration_of_another_config_is_refused_naming_the_file_and_the_fix(
     calibration_path(cfg, tmp_path).write_text(json.dumps(calibration(cfg, [], str(tmp_path))))
     assert load_calibration(cfg, tmp_path)["jobs"] == {}
     other = load_merged([str(REHEARSAL)], {"results_dir": str(tmp_path), "train.steps": 16})
-    with pytest.raises(CalibrationError, match=re.escape(str(calibration_path(other, tmp_path))) + ".*plan --config .* --calibrate"):
+    with pytest.raises(CalibrationError,
+                       match=re.escape(str(calibration_path(other, tmp_path))) + ".*plan --config .* --calibrate"):
         load_calibration(other, tmp_path)
     # the plan says so too, in one line, not a traceback
     p = subprocess.run([sys.executable, "-m", "dlcrepro", "plan", "--config", str(REHEARSAL), "--set", f"results_dir={tmp_path}",
@@ -91,7 +92,8 @@ def test_the_start_up_is_projected_as_the_pilot_started_and_set_apart_in_the_err
     cfg = load_merged([str(PAPER)])
     pilot = pilot_cells(cfg)[0]
     counts = phase_counts(cfg, pilot.model, pilot.sampler, 2, 1, {"ckpt_every": 1})
-    ran = {"kind": "pilot", "name": pilot.name, "class": cost_class(cfg, pilot.model, pilot.sampler, pilot.correction), "steps": 2,
+    ran = {"kind": "pilot", "name": pilot.name, "class": cost_class(cfg, pilot.model, pilot.sampler, pilot.correction),
+           "steps": 2,
            "wall_s": 30.0, "peak_host_mb": 1000.0, "torch_peak_bytes": None, "kv_cache_bytes": None,
            "process": "fork server child", "startup_s": 0.5, **{f"sec_{p}": 1.0 for p in PHASES},
            **{f"n_{p}": counts[p] for p in PHASES}}

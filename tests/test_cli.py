@@ -15,10 +15,13 @@ from dlcrepro.cli import main
         (["warmstart", "--config", str(SMOKE), "--set", "train.lr"], "--set expects KEY=VALUE, got 'train.lr'"),
         (["tables", "--steps", "steps.parquet"], "tables: give --steps and --runs (or --redraw-tex DIR)"),
         (["scan", "--config", str(SMOKE), "--sampler", "bf16"], "scan: --corrections, --out required (unless --redraw)"),
-        (["scan", "--redraw", "raw.parquet", "--tables-out", "t"], "scan --redraw: give --out (or --tables-out and --figures-out)"),
-        (["plan", "--config", str(SMOKE), "--calibrate", "no/such/results"], "plan --calibrate no/such/results: no such directory"),
+        (["scan", "--redraw", "raw.parquet", "--tables-out", "t"],
+         "scan --redraw: give --out (or --tables-out and --figures-out)"),
+        (["plan", "--config", str(SMOKE), "--calibrate", "no/such/results"],
+         "plan --calibrate no/such/results: no such directory"),
     ],
-    ids=["set-without-value", "tables-without-runs", "scan-without-corrections", "redraw-without-figures-out", "calibrate-missing-dir"],
+    ids=["set-without-value", "tables-without-runs", "scan-without-corrections", "redraw-without-figures-out",
+         "calibrate-missing-dir"],
 )
 def test_a_command_missing_what_it_needs_stops_naming_the_option(argv, says, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -28,7 +31,8 @@ def test_a_command_missing_what_it_needs_stops_naming_the_option(argv, says, tmp
 
 
 def test_plan_calibrate_on_results_without_a_finished_job_says_to_run_the_pilot(tmp_path):
-    with pytest.raises(SystemExit, match=r"no finished job of 'smoke'.*run the pilot first: snakemake --configfile <config> pilot"):
+    with pytest.raises(SystemExit,
+                       match=r"no finished job of 'smoke'.*run the pilot first: snakemake --configfile <config> pilot"):
         main(["plan", "--config", str(SMOKE), "--calibrate", str(tmp_path)])
     assert list(tmp_path.iterdir()) == []  # no calibration file from nothing
 
@@ -75,3 +79,27 @@ def test_tables_redraw_tex_refuses_a_md_and_csv_that_are_not_one_table(tmp_path,
     assert main(["tables", "--redraw-tex", str(tmp_path)]) == 2
     assert re.search(r"^error: .*accuracy\.md shows \d+ rows .*accuracy\.csv has \d+ .*not one table", capsys.readouterr().err)
     assert (tmp_path / "accuracy.tex").read_bytes() == (ROOT / "paper_tables" / "accuracy.tex").read_bytes()  # left as it was
+
+
+def test_an_unknown_name_in_a_job_exits_2_in_one_line_before_writing(tmp_path, capsys):
+    """A user's mistake (here a sampler wildcard no sampler registers) ends in one line naming the
+    known ones, exit status 2, nothing written."""
+    argv = ["train", "--config", str(SMOKE), "--model", "tiny", "--sampler", "fp4", "--correction", "dlc", "--seed", "0",
+            "--out", str(tmp_path / "cell")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == "error: unknown sampler 'fp4'; known: ['bf16', 'fp8', 'fp8_stale', 'stale']\n", err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_internal_key_error_keeps_its_traceback(monkeypatch):
+    """A KeyError from the code itself is a bug, not a user's mistake: it propagates (the interpreter
+    prints its traceback and exits 1) instead of becoming a one-line exit 2."""
+    import dlcrepro.cli as cli
+
+    def broken(args):
+        return {}["no such key"]
+
+    monkeypatch.setattr(cli, "cmd_plan", broken)
+    with pytest.raises(KeyError, match="no such key"):
+        main(["plan", "--config", str(SMOKE)])

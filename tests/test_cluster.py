@@ -61,7 +61,8 @@ def test_plan_names_each_missing_item_with_its_download_line(tmp_path):
     assert p.returncode == 1, p.stdout
     missing = [line for line in p.stdout.splitlines() if "MISSING" in line]
     assert len(missing) == 2, p.stdout
-    assert "models.qwen3-1.7b.path=Qwen/Qwen3-1.7B" in missing[0] and missing[0].endswith("huggingface-cli download Qwen/Qwen3-1.7B")
+    assert "models.qwen3-1.7b.path=Qwen/Qwen3-1.7B" in missing[0] and missing[0].endswith("huggingface-cli download "
+                                                                                          "Qwen/Qwen3-1.7B")
     assert missing[1].endswith("huggingface-cli download --repo-type dataset Jiayi-Pan/Countdown-Tasks-3to4")
     assert "models.qwen3-0.6b.path=Qwen/Qwen3-0.6B: ok" in p.stdout
 
@@ -110,7 +111,8 @@ def test_a_snapshot_without_weights_counts_as_missing(tmp_path):
 def test_tiny_configs_need_nothing_from_the_cache(tmp_path):
     p = plan(tmp_path / "empty-hub", ROOT / "configs" / "tiny.yaml", ROOT / "configs" / "replicate.yaml")
     assert p.returncode == 0, p.stdout
-    assert "168 cells: 144 trained, 24 copied" in p.stdout  # seeds 0-5: 72 trained (ppo_multi among them) and 12 copies per replicate
+    # seeds 0-5: 72 trained (ppo_multi among them) and 12 copies per replicate
+    assert "168 cells: 144 trained, 24 copied" in p.stdout
     assert "models.tiny: built here by the warm start" in p.stdout and "MISSING" not in p.stdout
 
 
@@ -336,7 +338,8 @@ def test_the_memory_table_of_docs_cluster_md_is_the_plans():
 
 def test_config_files_merge_as_snakemakes_configfiles():
     cfg = cluster.load_merged([str(ROOT / "configs" / "tiny.yaml"), str(ROOT / "configs" / "replicate.yaml")], {"train.lr": 0.1})
-    assert cfg.grid.seeds == [0, 1, 2, 3, 4, 5] and cfg.train.lr == 0.1 and cfg.train.steps == load(ROOT / "configs" / "tiny.yaml").train.steps
+    assert (cfg.grid.seeds == [0, 1, 2, 3, 4, 5] and cfg.train.lr == 0.1
+            and cfg.train.steps == load(ROOT / "configs" / "tiny.yaml").train.steps)
 
 
 # ----------------------------------------------------------------------------- the workflow
@@ -415,7 +418,8 @@ def test_a_gpu_models_job_config_carries_its_gpu_count_so_the_job_can_refuse_a_c
     """Jobs read results/_config/<model>.yaml, which leaves Slurm resources out (editing them reruns
     nothing) except the GPU count: without it a job could not know it must not train on CPU."""
     results = tmp_path / "results"
-    cmd = [sys.executable, "-m", "snakemake", "--nolock", "-n", "--quiet", "rules", "--configfile", str(PAPER), "--config", f"results_dir={results}"]
+    cmd = [sys.executable, "-m", "snakemake", "--nolock", "-n", "--quiet", "rules", "--configfile", str(PAPER), "--config",
+           f"results_dir={results}"]
     p = run(cmd, fake_hf_cache(tmp_path / "hub"))
     assert p.returncode == 0, p.stdout[-3000:]
     job_cfg = load(results / "_config" / "qwen3-0.6b.yaml")
@@ -481,7 +485,8 @@ def test_a_gpu_config_job_exits_at_once_with_the_error(tmp_path):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
     cmd = [sys.executable, "-m", "dlcrepro", "train", "--config", str(SMOKE), "--set", "models.tiny.resources.gpu=1",
-           "--model-dir", str(tmp_path / "model"), "--sampler", "bf16", "--correction", "pg", "--seed", "0", "--out", str(tmp_path / "cell")]
+           "--model-dir", str(tmp_path / "model"), "--sampler", "bf16", "--correction", "pg", "--seed", "0", "--out",
+           str(tmp_path / "cell")]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "error: models.tiny.resources.gpu=1 asks for a GPU" in p.stderr, p.stderr[-2000:]
     assert "Traceback" not in p.stderr

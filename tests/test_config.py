@@ -241,7 +241,8 @@ def test_an_exponent_yaml_reads_as_text_is_refused_saying_how_to_write_it(tmp_pa
     cfg, data = tmp_path / "c.yaml", yaml.safe_load(SMOKE.read_text())
     data["train"]["lr"] = "PLACEHOLDER"
     cfg.write_text(yaml.safe_dump(data).replace("PLACEHOLDER", "1e-3"))
-    with pytest.raises(ConfigError, match=re.escape("train.lr: expected float, got '1e-3' (YAML reads 1e-3 as text: write 1.0e-3)")):
+    with pytest.raises(ConfigError,
+                       match=re.escape("train.lr: expected float, got '1e-3' (YAML reads 1e-3 as text: write 1.0e-3)")):
         load(cfg)
     cfg.write_text(yaml.safe_dump(data).replace("PLACEHOLDER", "2e2"))  # no sign: text too
     with pytest.raises(ConfigError, match=re.escape("write 2.0e+2")):
@@ -271,7 +272,8 @@ def test_missing_file_is_a_clear_error(tmp_path):
 def test_hf_model_missing_from_cache_says_how_to_fetch_it(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     cfg = load(ROOT / "configs" / "paper.yaml")
-    with pytest.raises(ConfigError, match=r"models\.qwen3-0\.6b\.path='Qwen/Qwen3-0\.6B'.*huggingface-cli download Qwen/Qwen3-0\.6B"):
+    with pytest.raises(ConfigError,
+                       match=r"models\.qwen3-0\.6b\.path='Qwen/Qwen3-0\.6B'.*huggingface-cli download Qwen/Qwen3-0\.6B"):
         model_dir(cfg, "qwen3-0.6b")
 
 

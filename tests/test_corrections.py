@@ -27,7 +27,7 @@ def terms(z_t, z_s, z_q, tokens, adv, z_old=None, seq=None):
     ls = torch.log_softmax(z_s, -1)
     lo = torch.log_softmax(z_old if z_old is not None else z_t.detach(), -1)
     tok = torch.as_tensor(tokens)
-    pick = lambda l: l.gather(-1, tok[:, None]).squeeze(-1)  # noqa: E731
+    pick = lambda logp: logp.gather(-1, tok[:, None]).squeeze(-1)  # noqa: E731
     seq = torch.arange(len(tok)) if seq is None else torch.as_tensor(seq)
     return TokenTerms(logits=logits, tokens=tok, adv=torch.as_tensor(adv, dtype=torch.float32), e=pick(lq), a=pick(ls),
                       old=pick(lo), q=lq.exp(), logp_s=ls, seq=seq, num_seqs=int(seq.max()) + 1)

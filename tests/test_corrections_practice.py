@@ -45,7 +45,8 @@ def test_resync_list_config_check_and_schema_read_the_registry():
     with pytest.raises(ConfigError, match=r"grid.corrections: unknown correction 'nope'; known: \['center', 'center_tis'"):
         build(data)
     # every registered correction is a valid grid entry, end to end through validate()
-    assert load(SMOKE, {"grid.corrections": sorted(registry.CORRECTION_INFO)}).grid.corrections == sorted(registry.CORRECTION_INFO)
+    assert load(SMOKE,
+                {"grid.corrections": sorted(registry.CORRECTION_INFO)}).grid.corrections == sorted(registry.CORRECTION_INFO)
 
 
 def test_every_threshold_is_a_train_key_with_the_same_default():

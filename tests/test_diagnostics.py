@@ -59,7 +59,8 @@ def test_advantage_is_reward_minus_group_mean():
 
 
 def test_summary_multiple_is_nan_when_every_floor_is_zero():
-    rows = [dict(step=k, dev=1.0, floor=0.0, dev_ratio=float("nan"), ess_lag=1.0, ess_lag_gauss=1.0, test_accuracy=0.1) for k in (1, 2)]
+    rows = [dict(step=k, dev=1.0, floor=0.0, dev_ratio=float("nan"), ess_lag=1.0, ess_lag_gauss=1.0,
+                 test_accuracy=0.1) for k in (1, 2)]
     s = summarize(rows, Cell(), {}, {})
     assert math.isnan(s["noise_floor_multiple"])
 

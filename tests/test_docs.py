@@ -189,7 +189,8 @@ def test_ci_runs_the_readmes_test_command():
     tests: a changed command (`-n 2`, an install step) that CI did not run would be untested."""
     blocks = re.findall(r"```\n(.*?)\n```", README.read_text(encoding="utf-8"), re.S)
     test_command = next(b for b in blocks if "pytest" in b and "\n" not in b)
-    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip() and not line.startswith(("#", "set ", "cd "))]
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line.strip() and not line.startswith(("#", "set ", "cd "))]
     assert ci == [test_command], (ci, test_command)
 
 
@@ -293,7 +294,8 @@ def test_the_count_is_the_tables_and_a_changed_verdict_changes_it():
     assert D.count_text(changed) != text and "1 seen on one machine" in D.count_text(changed)
     page = "x <!-- begin findings-count -->" + text + "<!-- end findings-count --> y"
     assert D.rewrite(page, D.blocks(changed, "m.md")) != page
-    assert D.category("not seen (seeds 3,4,5 not run)") == "not seen" and D.category("seen on 2 of 3 machines") == "seen on k of n machines"
+    assert D.category("not seen (seeds 3,4,5 not run)") == "not seen"
+    assert D.category("seen on 2 of 3 machines") == "seen on k of n machines"
 
 
 def test_results_zoo_table_agrees_with_the_committed_zoo():
@@ -309,7 +311,8 @@ def test_results_zoo_table_agrees_with_the_committed_zoo():
     rows = table_rows(RESULTS, "| correction | `bf16` | `fp8` | `stale` | `fp8_stale` |")
     samplers = ["bf16", "fp8", "stale", "fp8_stale"]
     named = {name for row in rows for name in re.findall(r"`(\w+)`", row[0])}  # '`pg` (= `ppo`)' names both
-    assert named == set(zoo.index.get_level_values("correction")), "docs/results.md's zoo table should name every correction of the zoo"
+    assert named == set(zoo.index.get_level_values("correction")), \
+        "docs/results.md's zoo table should name every correction of the zoo"
     problems = []
     for name, *cells in rows:
         correction = re.match(r"`(\w+)`", name).group(1)
@@ -322,7 +325,8 @@ def test_results_zoo_table_agrees_with_the_committed_zoo():
                 if [str(row[c]).split(" ")[0] for c in same] != [str(other[c]).split(" ")[0] for c in same]:
                     problems.append(f"{sampler}/{correction}: not the numbers of {twin.group(1)}")
                 continue
-            m = re.fullmatch(r"(?:\*\*)?(\d+) % · ([\d.,]+)×(?:\*\*)?(?:, drops (\d+) %)?(?:, † (\d) of \d diverged \(steps? ([\d, ]+)\))?", cell)
+            m = re.fullmatch(r"(?:\*\*)?(\d+) % · ([\d.,]+)×(?:\*\*)?(?:, drops (\d+) %)?(?:, † (\d) of \d diverged \(steps? "
+                             r"([\d, ]+)\))?", cell)
             if not m:
                 problems.append(f"{sampler}/{correction}: cannot read {cell!r}")
                 continue
@@ -362,4 +366,5 @@ def test_readme_gpu_hours_are_the_plans():
             f"({ppo['qwen3-0.6b']} and {ppo['qwen3-1.7b']} for a `ppo_multi` job") in text
     assert (f"{estimated} GPU-hours for the {trained} trained cells, {shared.group(1)} rollouts jobs and {initial.group(1)} θ_0 "
             f"evaluations ({float(requested):g} requested") in text
-    assert f"{cells} cells, {trained} GPU jobs + {shared.group(1)} rollouts jobs + {initial.group(1)} θ_0 evaluations + {copied} copies without a GPU" in text
+    assert (f"{cells} cells, {trained} GPU jobs + {shared.group(1)} rollouts jobs + {initial.group(1)} θ_0 evaluations + "
+            f"{copied} copies without a GPU") in text

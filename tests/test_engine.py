@@ -63,7 +63,8 @@ def test_sample_command_reports_each_sampler_at_the_models_weights(tiny_model_di
     precision, one seed): the same numbers. FP8 sits further from the trainer than BF16."""
     from dlcrepro.cli import main
 
-    assert main(["sample", "--config", str(SMOKE), "--model-dir", str(tiny_model_dir), "--prompts", "8", "--n", "4", "--seed", "3"]) == 0
+    assert main(["sample", "--config", str(SMOKE), "--model-dir", str(tiny_model_dir), "--prompts", "8", "--n", "4", "--seed",
+                 "3"]) == 0
     rows = {r["sampler"]: r for r in json.loads(capsys.readouterr().out)}
     assert list(rows) == list(SAMPLERS)
     for r in rows.values():
@@ -281,7 +282,8 @@ def test_a_broken_sync_fails_the_check_naming_engine_version_and_bound(setup, sm
     }[bad]
     try:
         engine.load_weights(pushed, 1)
-        message = rf"the {name}.* engine, given version 1, .*mean \|log q − log π\| = [0-9.]+ .* under {engine.precision.sync_bound}\."
+        message = (rf"the {name}.* engine, given version 1, .*mean \|log q − log π\| = [0-9.]+ .* "
+                   rf"under {engine.precision.sync_bound}\.")
         with pytest.raises(SyncCheckError, match=message):
             engine.check_sync(trainer_logp_fn(model_1), setup["prompts"])
         engine.load_weights(theta_1, 1)  # the right weights pass
@@ -338,7 +340,8 @@ def test_a_training_sync_whose_weights_do_not_arrive_stops_the_run(tiny_model_di
 
     monkeypatch.setattr(tr.engine, "load_weights", zeroed)
     cell.step = 2
-    with pytest.raises(WeightLoadError, match="the bf16 engine, given version 2: engine linear layers that do not compute the trainer's weights"):
+    with pytest.raises(WeightLoadError,
+                       match="the bf16 engine, given version 2: engine linear layers that do not compute the trainer's weights"):
         tr.sync_sampler(cell)
     with torch.no_grad():  # twice BLOWUP-fold since the last version the engine matched
         for p in tr.params:

@@ -88,7 +88,8 @@ def test_a_correction_added_as_one_function_and_one_registry_entry_reaches_the_t
     # the copy's package, not the installed one, in snakemake and in every job it starts
     env = {**os.environ, "PYTHONPATH": str(repo)}
     p = subprocess.run([sys.executable, "-m", "snakemake", "--nolock", "--cores", "2", "--configfile", "configs/smoke.yaml",
-                        "configs/halved.yaml", *smoke_warm_start.SNAKEMAKE_ARGS, "--config", *config], cwd=repo, env=env, capture_output=True, text=True, timeout=1200)
+                        "configs/halved.yaml", *smoke_warm_start.SNAKEMAKE_ARGS, "--config", *config], cwd=repo, env=env,
+                       capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
     assert jobs.get("train") == "2" and "warmstart" not in jobs, (p.stdout + p.stderr)[-3000:]
@@ -117,8 +118,10 @@ def test_a_figure_added_as_one_function_and_one_entry_in_the_outputs_is_drawn_an
     config = study_config(out, smoke_warm_start)
     (repo / "configs" / "one.yaml").write_text("grid:\n  models: [tiny]\n  samplers: [bf16]\n  corrections: [pg]\n  seeds: [0]\n")
     env = {**os.environ, "PYTHONPATH": str(repo)}
-    args = ["--nolock", "--configfile", "configs/smoke.yaml", "configs/one.yaml", *smoke_warm_start.SNAKEMAKE_ARGS, "--config", *config]
-    p = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", *args], cwd=repo, env=env, capture_output=True, text=True,
+    args = ["--nolock", "--configfile", "configs/smoke.yaml", "configs/one.yaml", *smoke_warm_start.SNAKEMAKE_ARGS, "--config",
+            *config]
+    p = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", *args], cwd=repo, env=env, capture_output=True,
+                       text=True,
                        timeout=1200)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     assert (out / "figures" / "steps_logged.png").stat().st_size > 0 and (out / "figures" / "steps_logged.pdf").stat().st_size > 0
@@ -173,7 +176,8 @@ def test_a_metric_added_as_one_function_reaches_the_step_rows_and_the_scan(tmp_p
                         check_names=False, check_exact=True)
 
     scan = [sys.executable, "-m", "dlcrepro", "scan", "--config", "configs/smoke.yaml", "--model-dir", str(tiny_model_dir),
-            "--sampler", "bf16", "--corrections", "pg", "--prompts", "2", "--reps", "1", "--n-boot", "50", "--out", str(tmp_path / "scan")]
+            "--sampler", "bf16", "--corrections", "pg", "--prompts", "2", "--reps", "1", "--n-boot", "50", "--out",
+            str(tmp_path / "scan")]
     p = subprocess.run(scan, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     raw = pd.read_parquet(tmp_path / "scan" / "scan.parquet")

@@ -109,7 +109,8 @@ def forked_cell_with_checkpoint(d: Path) -> Path | None:
     process) with a whole checkpoint on disk."""
     for s, c in CELLS:
         job_log = d / "results" / "_logs" / "train" / "tiny" / s / c / "seed0.log"
-        if job_log.exists() and "running in this process" not in job_log.read_text() and verified_step(cell(d, s, c) / "checkpoint.pt"):
+        if (job_log.exists() and "running in this process" not in job_log.read_text()
+                and verified_step(cell(d, s, c) / "checkpoint.pt")):
             return cell(d, s, c)
     return None
 
@@ -118,7 +119,8 @@ def forked_cell_with_checkpoint(d: Path) -> Path | None:
 def test_a_stop_signal_to_snakemake_stops_every_job_and_the_fork_server_and_the_rerun_resumes(study, tmp_path, sig):
     d = fresh(study, tmp_path / "study")
     proc = start(snakemake(d, *TARGETS), tmp_path / "run.out")
-    interrupted = wait_for("a cell training in the fork server's child, with a checkpoint", lambda: forked_cell_with_checkpoint(d), 90, proc)
+    interrupted = wait_for("a cell training in the fork server's child, with a checkpoint",
+                           lambda: forked_cell_with_checkpoint(d), 90, proc)
     reached = verified_step(interrupted / "checkpoint.pt")
     tree = procs.descendants(proc.pid)  # the jobs, their processes, the fork server and the jobs it forked
     assert any(b"serve" in Path(f"/proc/{p}/cmdline").read_bytes() for p in tree if procs.alive(p)), "no fork server running"
@@ -162,7 +164,8 @@ def train_cmd(study, out: Path, *args, server: str | None = None) -> list[str]:
     """`python -m dlcrepro train` of the study's first cell into `out` (what its snakemake job runs)."""
     d = study[0]
     s, c = CELLS[0]
-    cmd = [sys.executable, "-m", "dlcrepro", "train", "--config", str(d / "study.yaml"), "--model-dir", str(d / "artifacts" / "tiny" / "model"),
+    cmd = [sys.executable, "-m", "dlcrepro", "train", "--config", str(d / "study.yaml"), "--model-dir",
+           str(d / "artifacts" / "tiny" / "model"),
            "--sampler", s, "--correction", c, "--seed", "0", "--out", str(out), *args]
     return cmd + (["--server", server] if server else [])
 
@@ -223,7 +226,8 @@ def test_a_truncated_metrics_table_stops_collect_naming_the_cell_and_the_line_th
     assert p.returncode != 0
     log = (d / "results" / "_logs" / "collect.log").read_text()
     rel = damaged.relative_to(d)
-    assert "collect: 1 finished cell(s) with a damaged file; nothing was collected" in log and f"  {rel}: metrics.parquet is " in log, log
+    assert "collect: 1 finished cell(s) with a damaged file; nothing was collected" in log, log
+    assert f"  {rel}: metrics.parquet is " in log, log
     line = next(x for x in log.splitlines() if x.startswith("Rerun them: "))[len("Rerun them: "):]
     assert line.startswith(f"rm -r {rel} && ") and "snakemake" in line, line
     assert not (d / AGGREGATE).exists()
@@ -281,7 +285,8 @@ def test_a_full_disk_fails_the_job_naming_the_disk_and_after_space_is_freed_the_
             disk.fill()
             proc.wait(timeout=600)
             said = (tmp_path / "run.out").read_text()
-            assert f"no space left on device writing {out}/" in said and f"on the file system at {disk.path} (" in said, said[-3000:]
+            assert f"no space left on device writing {out}/" in said, said[-3000:]
+            assert f"on the file system at {disk.path} (" in said, said[-3000:]
             assert f"free space on {disk.path} and rerun the same command" in said
         else:  # a file size limit below a checkpoint's size: the first checkpoint cannot be written
             proc = start(train_cmd(study, out), tmp_path / "run.out", preexec_fn=limit_file_size(1 << 20))
@@ -340,6 +345,6 @@ def test_a_local_job_killed_at_any_moment_costs_its_retry_at_most_one_checkpoint
     variant.update({k: str(v) for k, v in out.items()}, fork_server=False, python=sys.executable)
     (tmp_path / "kills.yaml").write_text(yaml.safe_dump(variant))
     cell = out["results_dir"] / "tiny" / "bf16" / "pg" / "seed0"
-    cmd = [sys.executable, "-m", "snakemake", "--nolock", "--cores", "2", "--retries", str(len(KILLS)), *smoke_warm_start.SNAKEMAKE_ARGS,
-           "--configfile", str(tmp_path / "kills.yaml"), "--", str(cell / "summary.json")]
+    cmd = [sys.executable, "-m", "snakemake", "--nolock", "--cores", "2", "--retries", str(len(KILLS)),
+           *smoke_warm_start.SNAKEMAKE_ARGS, "--configfile", str(tmp_path / "kills.yaml"), "--", str(cell / "summary.json")]
     check_kill_table(kill_in_a_chain(cmd, cell, tmp_path, env={"PYTHONPATH": str(ROOT)}))

@@ -188,7 +188,8 @@ def test_every_figure_has_a_title_with_its_seed_count(name):
 def test_reference_lines_are_labelled_in_the_legend():
     steps, runs = study([("bf16", "pg"), ("stale", "is")])
     for fig, want in ((F.noise_floor(steps, runs), {"1× floor", "2× floor"}), (F.ess(steps, runs), {"ESS 1/2"})):
-        flat = {ln.get_label() for ax in fig.axes for ln in ax.get_lines() if len(ln.get_xdata()) > 1 and len(set(ln.get_ydata())) == 1}
+        flat = {ln.get_label() for ax in fig.axes for ln in ax.get_lines()
+                if len(ln.get_xdata()) > 1 and len(set(ln.get_ydata())) == 1}
         assert flat == want  # every horizontal line carries its name
         assert all(any(t.startswith(w) for t in legend_texts(fig)) for w in want)
 

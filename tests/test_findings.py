@@ -63,7 +63,8 @@ def test_f7_reads_the_paper_ppo_with_several_sgd_steps_not_ppo_which_is_pg():
     from dlcrepro.registry import updates_per_batch
 
     assert computed_as("stale", "ppo", TrainConfig())[0] == "pg"  # one SGD step: pg's run, a copy
-    assert computed_as("stale", F.PAPER_PPO, TrainConfig())[0] == F.PAPER_PPO and updates_per_batch(F.PAPER_PPO, TrainConfig()) > 1
+    assert computed_as("stale", F.PAPER_PPO, TrainConfig())[0] == F.PAPER_PPO
+    assert updates_per_batch(F.PAPER_PPO, TrainConfig()) > 1
     f7 = next(f for f in F.FINDINGS if f.id == "F7")
     only_ppo = rule(*study({("stale", "ppo"): {"dev": [50.0] * 3}}), f7.rule)
     assert only_ppo == F.NOT_IN_GRID  # pg's copy under the name ppo is not the paper's PPO
@@ -172,7 +173,8 @@ def test_the_rules_commit_is_the_one_whose_message_says_so():
     if show.returncode != 0:
         pytest.skip(f"commit {F.RULES_COMMIT} not in this clone (shallow?)")
     assert show.stdout.startswith("Rules for the rerun:")
-    files = subprocess.run(["git", "show", "--name-only", "--format=", F.RULES_COMMIT], cwd=ROOT, capture_output=True, text=True).stdout
+    files = subprocess.run(["git", "show", "--name-only", "--format=", F.RULES_COMMIT], cwd=ROOT, capture_output=True,
+                           text=True).stdout
     assert "dlcrepro/findings.py" in files.split()
 
 

@@ -147,7 +147,8 @@ def test_gpu_check_script_runs_every_piece_on_cpu():
     lines = [ln for ln in r.stdout.splitlines() if ln[:4] in ("PASS", "FAIL", "SKIP")]
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     names = [ln.split()[1] for ln in lines]
-    assert names == ["cuda", "quantizer", "activations", "corrections", "trainer", "vllm-bf16", "vllm-fp8", "cell", "paper-trainer"]
+    assert names == ["cuda", "quantizer", "activations", "corrections", "trainer", "vllm-bf16", "vllm-fp8", "cell",
+                     "paper-trainer"]
     assert all(ln.startswith("PASS") for ln in lines[:-1]), "\n".join(lines)
     assert lines[-1].startswith("SKIP paper-trainer") and "GPU" in lines[-1]  # paper-size models: CUDA only
 
@@ -159,7 +160,8 @@ def test_paper_trainer_piece_runs_a_learner_step_at_the_paper_batch_shape():
     from dlcrepro import gpu_check
 
     small = {k: gpu_check.small_arch(v) for k, v in gpu_check.QWEN3_ARCH.items()}
-    msg = gpu_check.check_paper_trainer(torch.device("cpu"), models=("qwen3-1.7b",), shape=dict(prompt_len=6, resp_len=(3, 6)), archs=small)
+    msg = gpu_check.check_paper_trainer(torch.device("cpu"), models=("qwen3-1.7b",), shape=dict(prompt_len=6, resp_len=(3, 6)),
+                                        archs=small)
     assert "512 seqs" in msg and "micro_batch 8" in msg, msg
     for phase in ("logprobs", "probe", "correction", "update"):
         assert f"{phase} " in msg, msg

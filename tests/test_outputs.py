@@ -37,7 +37,8 @@ def test_every_listed_figure_is_drawn_and_every_figure_function_is_listed():
         return {
             name for name, f in vars(F).items()
             if inspect.isfunction(f) and f.__module__ == F.__name__ and not name.startswith("_")
-            and inspect.signature(f).return_annotation in ("Figure", F.Figure) and next(iter(inspect.signature(f).parameters)) == first
+            and inspect.signature(f).return_annotation in ("Figure", F.Figure)
+            and next(iter(inspect.signature(f).parameters)) == first
         }
 
     assert figure_functions("steps") == {o.name for o in outputs.FIGURES if o.reads == "runs"}

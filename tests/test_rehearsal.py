@@ -85,7 +85,8 @@ def test_rehearsal_assets_sit_in_the_cache_as_a_download_and_are_found_by_id(reh
     repo = rehearsal_cache / "models--dlcrepro--Qwen3-Rehearsal"
     commit = (repo / "refs" / "main").read_text().strip()
     snap = repo / "snapshots" / commit
-    assert (snap / "model.safetensors").is_symlink() and (snap / "model.safetensors").resolve().parent == (repo / "blobs").resolve()
+    assert (snap / "model.safetensors").is_symlink()
+    assert (snap / "model.safetensors").resolve().parent == (repo / "blobs").resolve()
     monkeypatch.setenv("HF_HUB_CACHE", str(rehearsal_cache))
     cfg = load(REHEARSAL)
     assert paths.model_dir(cfg, "qwen3-rehearsal") == snap  # by id, through refs/main
@@ -102,7 +103,8 @@ def test_rehearsal_assets_sit_in_the_cache_as_a_download_and_are_found_by_id(reh
     assert (len(train), len(test)) == (cfg.task.n_train, cfg.task.n_test)
     assert not {p.key for p in train} & {p.key for p in test}
     text = data.prompt_text(tok, test[0], "chat")
-    assert text.startswith("<|im_start|>user\nUsing the numbers [") and text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert text.startswith("<|im_start|>user\nUsing the numbers [")
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     digits = tok.convert_ids_to_tokens(tok("4096", add_special_tokens=False).input_ids)
     assert [d.lstrip("Ġ") for d in digits] == ["4", "0", "9", "6"]  # digit by digit, as Qwen's
     worked = countdown.worked_answer(test[0].numbers, test[0].target)
@@ -120,7 +122,8 @@ def test_a_paper_job_trains_on_the_rehearsal_checkpoint_with_topk_below_the_voca
     env = {**os.environ, "HF_HUB_CACHE": str(rehearsal_cache), "OMP_NUM_THREADS": "2"}
     p = subprocess.run([sys.executable, "-m", "dlcrepro", "train", "--config", str(REHEARSAL), "--model", "qwen3-rehearsal",
                         "--model-dir", "dlcrepro/Qwen3-Rehearsal", "--sampler", "fp8", "--correction", "center", "--seed", "0",
-                        "--out", str(out), "--set", "models.qwen3-rehearsal.trainer_dtype=bfloat16", "--set", "train.steps=2", "--set", "train.eval_every=2", "--set", "task.n_test=8"],
+                        "--out", str(out), "--set", "models.qwen3-rehearsal.trainer_dtype=bfloat16", "--set", "train.steps=2",
+                        "--set", "train.eval_every=2", "--set", "task.n_test=8"],
                        cwd=ROOT, capture_output=True, text=True, timeout=1800, env=env)
     assert p.returncode == 0, p.stderr[-4000:]
     fp8_path = [line for line in p.stderr.splitlines() if "fp8 engine:" in line]

@@ -48,7 +48,8 @@ def test_known_slope_is_recovered_within_its_interval():
 
 def test_interval_covers_the_true_slope_in_most_independent_scans():
     beta = 1e-4
-    hits = [f["beta_low"] <= beta <= f["beta_high"] for f in (scaling_fit(*synthetic(beta, s), 1e5, n_boot=500, seed=s) for s in range(40))]
+    fits = (scaling_fit(*synthetic(beta, s), 1e5, n_boot=500, seed=s) for s in range(40))
+    hits = [f["beta_low"] <= beta <= f["beta_high"] for f in fits]
     assert np.mean(hits) >= 0.8  # nominal 95 %; the percentile bootstrap of 16 repetitions runs ~90 %
 
 
@@ -76,7 +77,8 @@ def test_smoke_scan_writes_table_parquet_and_figure(tiny_model_dir, smoke_cfg, t
     seconds = time.perf_counter() - t0
     assert status == 0
     raw = pd.read_parquet(out / RAW_FILE)
-    assert len(raw) == 2 * 2 and set(raw["prompts"]) == {2, 4} and (raw["responses"] == smoke_cfg.train.responses_per_prompt).all()
+    assert len(raw) == 2 * 2 and set(raw["prompts"]) == {2, 4}
+    assert (raw["responses"] == smoke_cfg.train.responses_per_prompt).all()
     assert (raw["floor"] >= 0).all() and (raw["dev"] >= 0).all() and (raw["tokens"] > 0).all()
     assert raw["step"].eq(0).all() and raw["theta"].eq("warm start").all()
     for name in ("scaling.csv", "scaling.md", "scaling_fit.csv", "scaling.png", "scaling.pdf"):
@@ -84,7 +86,8 @@ def test_smoke_scan_writes_table_parquet_and_figure(tiny_model_dir, smoke_cfg, t
     table = pd.read_csv(out / "scaling.csv")
     assert list(table["batch"]) == ["2 x 4", "4 x 4", "T* (extrapolated)"]
     # redraw from the parquet alone, elsewhere
-    assert main(["scan", "--redraw", str(out / RAW_FILE), "--n-boot", "200", "--out", str(tmp_path / "redraw"), "--name", "again"]) == 0
+    assert main(["scan", "--redraw", str(out / RAW_FILE), "--n-boot", "200", "--out", str(tmp_path / "redraw"), "--name",
+                 "again"]) == 0
     assert (tmp_path / "redraw" / "again.csv").read_text() == (out / "scaling.csv").read_text()
     assert (tmp_path / "redraw" / "again.png").stat().st_size > 0
     print(f"smoke scan: {seconds:.1f} s")

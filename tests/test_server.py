@@ -197,7 +197,8 @@ def test_the_client_refuses_a_server_of_another_uid_and_sends_it_nothing(capsys)
         assert os.read(ready_r, 1) == b"1"
         assert server.run_via_server(path, ["--help"]) is None
         err = capsys.readouterr().err
-        assert f"is not yours (socket of uid {NOBODY}, server of uid {NOBODY}; you are uid 0)" in err and "running in this process" in err
+        assert f"is not yours (socket of uid {NOBODY}, server of uid {NOBODY}; you are uid 0)" in err
+        assert "running in this process" in err
         with os.fdopen(got_r) as f:
             received = f.read()
         assert received == "0", f"the other uid's server received {received} bytes"

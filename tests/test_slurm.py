@@ -116,7 +116,8 @@ def job_counts(text):
 SLURM_GRID = {"samplers": ["fp8", "stale"], "corrections": ["pg", "ppo"]}
 
 
-def test_smoke_grid_through_slurm_then_a_deleted_cell_reruns_with_its_copy_only(slurm_cluster, snakemake_slurm, outdirs, tmp_path):
+def test_smoke_grid_through_slurm_then_a_deleted_cell_reruns_with_its_copy_only(slurm_cluster, snakemake_slurm, outdirs,
+                                                                                tmp_path):
     out, config = outdirs
     cfg = smoke_variant(tmp_path, grid=SLURM_GRID)
     variant = yaml.safe_load(cfg.read_text())
@@ -133,7 +134,8 @@ def test_smoke_grid_through_slurm_then_a_deleted_cell_reruns_with_its_copy_only(
     assert (out["tables_dir"] / "findings.md").exists() and (out["figures_dir"] / "ess.png").exists()
     log = (out["results_dir"] / "_logs" / "train" / "tiny" / "stale" / "pg" / "seed0.log").read_text()
     assert "SLURM_JOB_ID=" in log  # it really ran as a Slurm job
-    assert "read from" in (out["results_dir"] / "tiny" / "stale" / "pg" / "seed0" / "train.log").read_text()  # the shared rollouts
+    # the shared rollouts
+    assert "read from" in (out["results_dir"] / "tiny" / "stale" / "pg" / "seed0" / "train.log").read_text()
     for sampler in ("fp8", "stale"):  # ppo is a copy of pg under one update per batch (dlcrepro/grid.py)
         copy = json.loads((out["results_dir"] / "tiny" / sampler / "ppo" / "seed0" / "summary.json").read_text())
         assert copy["computed_as"] == str(out["results_dir"] / "tiny" / sampler / "pg" / "seed0")
@@ -149,7 +151,8 @@ def test_smoke_grid_through_slurm_then_a_deleted_cell_reruns_with_its_copy_only(
     assert (src / "summary.json").exists() and copy["computed_as"] == str(src)
 
 
-def test_gpu_marked_job_receives_its_gpu_and_refuses_to_train_on_a_cpu_torch(slurm_cluster, snakemake_slurm, warm_outdirs, tmp_path):
+def test_gpu_marked_job_receives_its_gpu_and_refuses_to_train_on_a_cpu_torch(slurm_cluster, snakemake_slurm, warm_outdirs,
+                                                                             tmp_path):
     """`gpu: 1` reaches the cell's first job, its seed's θ_0 evaluation, as --gres=gpu:1
     (CUDA_VISIBLE_DEVICES: one of the local cluster's fake GPUs), and the job, whose torch is the
     CPU build, stops before anything loads, naming its environment (dlcrepro/cluster/device.py,
@@ -167,13 +170,15 @@ def test_gpu_marked_job_receives_its_gpu_and_refuses_to_train_on_a_cpu_torch(slu
     assert not (cell / "train.log").exists()  # nothing was trained
 
 
-def test_scancel_mid_run_fails_the_job_and_the_rerun_resumes_from_its_checkpoint(slurm_cluster, snakemake_slurm, warm_outdirs, tmp_path):
+def test_scancel_mid_run_fails_the_job_and_the_rerun_resumes_from_its_checkpoint(slurm_cluster, snakemake_slurm, warm_outdirs,
+                                                                                 tmp_path):
     out, config, shared = warm_outdirs
     cell = out["results_dir"] / "tiny" / "stale" / "dlc" / "seed0"
     target = cell / "summary.json"
     cfg = smoke_variant(tmp_path, train={"steps": 8, "ckpt_every": 2, "eval_every": 4})
     cmd = slurm_cmd(snakemake_slurm, config, target, extra=("--retries", "0", *shared), configfile=cfg)
-    with stopped_after(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), signal.SIGINT) as proc:
+    with stopped_after(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
+                       signal.SIGINT) as proc:
         wait_for("the job's first checkpoint on disk", lambda: verified_step(cell / "checkpoint.pt"), 300, proc)
         train_jobs = cell_jobs(cell)
         assert train_jobs, "no Slurm job to cancel"
@@ -190,7 +195,8 @@ def test_scancel_mid_run_fails_the_job_and_the_rerun_resumes_from_its_checkpoint
     assert target.exists()
 
 
-def test_a_rehearsal_cell_of_the_paper_config_runs_as_a_slurm_job(slurm_cluster, snakemake_slurm, outdirs, tmp_path, rehearsal_cache):
+def test_a_rehearsal_cell_of_the_paper_config_runs_as_a_slurm_job(slurm_cluster, snakemake_slurm, outdirs, tmp_path,
+                                                                  rehearsal_cache):
     """configs/rehearsal.yaml (the paper's config on a Qwen3 checkpoint made here, found by id in the
     Hugging Face cache) through `--profile slurm`: stale/dlc, cut to 2 steps, as real Slurm jobs (its
     seed's θ_0 evaluation, its sampler's shared rollouts, the cell: the engine's top-k, a lagged
@@ -244,9 +250,11 @@ def test_a_requeued_job_resumes_under_its_job_id_then_killed_at_its_time_limit_i
     cfg["models"]["tiny"]["resources"] = {"runtime": 1}
     path = tmp_path / "short-limit.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    cmd = slurm_cmd(snakemake_slurm, config, cell / "summary.json", extra=("--retries", "3", "--slurm-requeue", *shared), configfile=path)
+    cmd = slurm_cmd(snakemake_slurm, config, cell / "summary.json", extra=("--retries", "3", "--slurm-requeue", *shared),
+                    configfile=path)
     log = cell / "train.log"
-    with stopped_after(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), signal.SIGINT) as proc:
+    with stopped_after(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
+                       signal.SIGINT) as proc:
         # requeued once its first checkpoint is whole on disk (the sidecar vouches for its bytes): then
         # the requeued run has a step to resume from, whatever the machine's speed
         reached = wait_for("the job's first checkpoint on disk", lambda: verified_step(cell / "checkpoint.pt"), 300, proc)
@@ -270,7 +278,8 @@ def test_a_requeued_job_resumes_under_its_job_id_then_killed_at_its_time_limit_i
     # job resumes: under load a retry can finish the cell and still be killed at its limit before its
     # job ends; snakemake then discards the outputs and the next retry trains the cell from scratch.)
     assert len(resumed) >= 2 and resumed[0] >= reached and resumed == sorted(resumed), text
-    limits = [re.search(r"TimeLimit=(\S+)", subprocess.run(["scontrol", "show", "job", j], capture_output=True, text=True).stdout) for j in jobs]
+    limits = [re.search(r"TimeLimit=(\S+)",
+                        subprocess.run(["scontrol", "show", "job", j], capture_output=True, text=True).stdout) for j in jobs]
     # each retry asks for twice the time (jobs Slurm has purged already are not shown)
     want = [f"00:{2 ** i:02d}:00" for i in range(len(jobs))]
     assert [m.group(1) for m in limits if m] == [w for w, m in zip(want, limits) if m], limits

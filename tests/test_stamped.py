@@ -20,7 +20,8 @@ def test_a_stamped_file_loads_for_its_own_identity_and_names_what_differs_for_an
     with pytest.raises(ConfigError, match=r"holds things of another run: seed, train differ \(seed: 0 there, 1 here; "
                                           r"train.steps: 6 there, 2 here\); delete it and rerun its rule"):
         stamped.load(path, other, "body", "things", "things file", as_json=as_json)
-    assert stamped.load(path, {**IDENT, "seed": 1}, "body", "things", "things file", as_json=as_json, skip=("seed",))[1] == {"a": 1.5}
+    assert stamped.load(path, {**IDENT, "seed": 1}, "body", "things", "things file", as_json=as_json,
+                        skip=("seed",))[1] == {"a": 1.5}
 
 
 def test_a_damaged_stamped_file_is_named(tmp_path):

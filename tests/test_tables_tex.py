@@ -39,7 +39,8 @@ def compile_tex(table: Path, workdir: Path) -> str:
     p = subprocess.run([pdflatex(), "-interaction=nonstopmode", "-halt-on-error", doc.name], cwd=workdir,
                        capture_output=True, text=True, timeout=120)
     log = (workdir / f"{doc.stem}.log").read_text(errors="replace") if (workdir / f"{doc.stem}.log").exists() else p.stdout
-    assert p.returncode == 0, f"{table.name} does not compile:\n" + "\n".join(l for l in log.splitlines() if l.startswith("!"))[:3000]
+    assert p.returncode == 0, \
+        f"{table.name} does not compile:\n" + "\n".join(line for line in log.splitlines() if line.startswith("!"))[:3000]
     return log
 
 
@@ -65,7 +66,8 @@ def a_study_with_everything() -> tuple[pd.DataFrame, pd.DataFrame]:
                                        kl_sampler=0.1, resync=0, discrepancy_mean_abs=0.02, lag_mean_abs=np.linspace(0.1, 5, n)))
                 df["dev_ratio"] = df["dev"] / df["floor"]
                 rows.append(df)
-                runs.append(dict(model="tiny", sampler=s, correction=c, seed=k, final_test_accuracy=acc, initial_test_accuracy=0.25,
+                runs.append(dict(model="tiny", sampler=s, correction=c, seed=k, final_test_accuracy=acc,
+                                 initial_test_accuracy=0.25,
                                  resync_steps=json.dumps([3, 6] if c in ("dlc", "is_resync") and lagged else []), computed_as="",
                                  diverged_at_step=7.0 if (c, s, k) == ("ppo_multi", "stale", 1) else NAN))
     return pd.concat(rows, ignore_index=True), pd.DataFrame(runs)

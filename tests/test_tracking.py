@@ -26,7 +26,8 @@ from dlcrepro import tracking
 from dlcrepro.config import ConfigError, load, tracking_for_jobs
 
 # scripts/setup.sh installs them (the `tracking` extra); looked up, not imported
-pytestmark = pytest.mark.skipif(bool(tracking.missing_packages(list(tracking.BACKENDS))), reason="pip install 'dlcrepro[tracking]'")
+pytestmark = pytest.mark.skipif(bool(tracking.missing_packages(list(tracking.BACKENDS))),
+                                reason="pip install 'dlcrepro[tracking]'")
 
 
 def deadline(base_s: float) -> float:
@@ -170,7 +171,8 @@ def client(uri: str):
 
 def test_a_tracker_that_is_not_installed_is_a_config_error_naming_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # how Python marks a module that cannot be imported
-    with pytest.raises(ConfigError, match=r"tracking\.backends names wandb \(package wandb\), not installed.*dlcrepro\[tracking\]"):
+    with pytest.raises(ConfigError,
+                       match=r"tracking\.backends names wandb \(package wandb\), not installed.*dlcrepro\[tracking\]"):
         load(SMOKE, {"tracking.backends": ["tensorboard", "wandb"]})
 
 
@@ -225,10 +227,12 @@ def train_script(cells: list[tuple[str, str]], model_dir: Path, results: Path, s
 
 
 @pytest.mark.slow
-def test_each_step_reaches_every_tracker_under_the_glossary_names_and_a_copy_logs_nothing(mlflow_server, tiny_model_dir, tmp_path):
+def test_each_step_reaches_every_tracker_under_the_glossary_names_and_a_copy_logs_nothing(mlflow_server, tiny_model_dir,
+                                                                                          tmp_path):
     results = tmp_path / "results"
     # as the workflow hands it to its jobs: the study's section in the environment
-    section = tracking_for_jobs({"backends": ["tensorboard", "wandb", "mlflow"], "project": "watch", "mlflow_uri": mlflow_server.uri},
+    section = tracking_for_jobs({"backends": ["tensorboard", "wandb", "mlflow"], "project": "watch",
+                                 "mlflow_uri": mlflow_server.uri},
                                 str(results), "smoke")
     env = {**os.environ, tracking.ENV: section, "WANDB_MODE": "offline"}
     mlflow_server.wait()
@@ -242,7 +246,8 @@ def test_each_step_reaches_every_tracker_under_the_glossary_names_and_a_copy_log
     assert {"reward_mean", "ess_lag", "dev_ratio", "test_accuracy", "sec_sample"} <= set(want)
 
     # TensorBoard: one directory per run, <model>/<sampler>/<correction>/seed<k>, under the results
-    assert [d.relative_to(results / "_tensorboard") for d in (results / "_tensorboard").glob("*/*/*/*")] == [Path("tiny/bf16/pg/seed0")]
+    board = results / "_tensorboard"
+    assert [d.relative_to(board) for d in board.glob("*/*/*/*")] == [Path("tiny/bf16/pg/seed0")]
     scalars, texts = tensorboard_series(results / "_tensorboard" / "tiny" / "bf16" / "pg" / "seed0")
     assert scalars == want
     assert "train.lr: 0.3" in texts["config/text_summary"]
@@ -252,7 +257,8 @@ def test_each_step_reaches_every_tracker_under_the_glossary_names_and_a_copy_log
     (run_file,) = (results / "_wandb").glob("wandb/offline-run-*/run-*.wandb")
     run, history, wb_summary = wandb_run(run_file)
     assert run["name"] == "tiny/bf16/pg/seed0" and run["group"] == "tiny/bf16/pg" and run["tags"] == ["tiny", "bf16", "pg"]
-    assert run["config"]["train.lr"] == 0.3 and run["config"]["sampler"] == "bf16" and run["config"]["models.tiny.arch.hidden_size"] == 128
+    assert run["config"]["train.lr"] == 0.3 and run["config"]["sampler"] == "bf16"
+    assert run["config"]["models.tiny.arch.hidden_size"] == 128
     assert history == want
     assert wb_summary["final_test_accuracy"] == summary["final_test_accuracy"]
 
@@ -261,15 +267,19 @@ def test_each_step_reaches_every_tracker_under_the_glossary_names_and_a_copy_log
     (mrun,) = c.search_runs([c.get_experiment_by_name("watch").experiment_id])
     assert mrun.info.run_name == "tiny/bf16/pg/seed0" and mrun.info.status == "FINISHED"
     assert mrun.data.tags["group"] == "tiny/bf16/pg" and mrun.data.params["train.lr"] == "0.3"
-    logged = {k: [(m.step, m.value) for m in c.get_metric_history(mrun.info.run_id, k)] for k in mrun.data.metrics if not k.startswith("summary.")}
+    logged = {k: [(m.step, m.value) for m in c.get_metric_history(mrun.info.run_id, k)]
+              for k in mrun.data.metrics if not k.startswith("summary.")}
     assert logged == want
     assert mrun.data.metrics["summary.final_test_accuracy"] == summary["final_test_accuracy"]
-    assert json.loads(Path(c.download_artifacts(mrun.info.run_id, "summary.json", str(tmp_path))).read_text())["steps"] == summary["steps"]
+    artifact = Path(c.download_artifacts(mrun.info.run_id, "summary.json", str(tmp_path)))
+    assert json.loads(artifact.read_text())["steps"] == summary["steps"]
 
     # the copy: logged once, as its twin, and it says so
     copy = results / "tiny" / "bf16" / "ppo" / "seed0"
-    assert "tracking: not logged to tensorboard, wandb, mlflow: this cell is the run logged there as tiny/bf16/pg/seed0" in (copy / "train.log").read_text()
-    assert json.loads((copy / "summary.json").read_text())["tracking"] == "not logged: this cell is the run logged as tiny/bf16/pg/seed0"
+    assert ("tracking: not logged to tensorboard, wandb, mlflow: this cell is the run logged there as tiny/bf16/pg/seed0"
+            in (copy / "train.log").read_text())
+    assert (json.loads((copy / "summary.json").read_text())["tracking"]
+            == "not logged: this cell is the run logged as tiny/bf16/pg/seed0")
     assert summary["tracking"]["mlflow"].startswith("logged as tiny/bf16/pg/seed0 (run id ")
 
 
@@ -278,7 +288,8 @@ def test_a_tracker_that_loses_its_server_mid_run_is_reported_once_and_the_run_fi
     """Runs after the test above: it kills the module's server."""
     results = tmp_path / "results"
     steps = 6
-    sets = ("tracking.backends=[mlflow]", "tracking.project=lost", f"tracking.mlflow_uri={mlflow_server.uri}", f"train.steps={steps}")
+    sets = ("tracking.backends=[mlflow]", "tracking.project=lost", f"tracking.mlflow_uri={mlflow_server.uri}",
+            f"train.steps={steps}")
     mlflow_server.wait()
     job = subprocess.Popen(train_script([("stale", "pg")], tiny_model_dir, results, sets), cwd=ROOT,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -336,7 +347,8 @@ def test_jobs_starting_together_on_a_new_mlflow_database_both_log(tmp_path):
 import sys
 from dlcrepro import tracking
 from dlcrepro.config import load
-cfg = load({str(SMOKE)!r}, {{"tracking.backends": ["mlflow"], "tracking.mlflow_uri": "sqlite:///{db}", "tracking.project": "both"}})
+cfg = load({str(SMOKE)!r},
+           {{"tracking.backends": ["mlflow"], "tracking.mlflow_uri": "sqlite:///{db}", "tracking.project": "both"}})
 cell = {{"model": "tiny", "sampler": "stale", "correction": sys.argv[1], "seed": 0}}
 t = tracking.open_trackers(cfg, {str(tmp_path)!r} + "/" + sys.argv[1], print, first_step=1)
 t.start(cell, {{"train.lr": 0.3}})

@@ -285,7 +285,9 @@ def test_a_non_finite_update_is_a_divergence_after_theta_moved_and_a_fault_at_th
     check_weights_finite(9, weights, 4)
     for bad in (float("nan"), float("inf"), -float("inf")):
         weights[1][2] = bad
-        with pytest.raises(Diverged, match=r"step 9: the policy's weights are not finite after its update \(4 SGD step\(s\)\): the run diverged") as e:
+        with pytest.raises(Diverged,
+                           match=r"step 9: the policy's weights are not finite after its update \(4 SGD step\(s\)\): the run "
+                                 r"diverged") as e:
             check_weights_finite(9, weights, 4)
         assert e.value.step == 9
 
@@ -336,7 +338,8 @@ def test_shared_rollouts_give_a_lagged_cell_the_numbers_it_samples_itself(tiny_m
     pd.testing.assert_frame_equal(a[cols], b[cols])
     assert b["resync"].sum() >= 1  # the steps after the resync were sampled by the cell's engine
     # another run's file is refused before anything is trained, naming what differs
-    p = run(train_cmd(tiny_model_dir, tmp_path / "other", "stale", "is", "train.responses_per_prompt=2") + ["--rollouts", str(shared)])
+    p = run(train_cmd(tiny_model_dir, tmp_path / "other", "stale", "is",
+                      "train.responses_per_prompt=2") + ["--rollouts", str(shared)])
     assert p.returncode == 2 and "holds rollouts of another run: train differ" in p.stderr
     assert not (tmp_path / "other" / "metrics.parquet").exists()
 

@@ -16,7 +16,8 @@ import yaml
 
 from conftest import ROOT, SMOKE, fake_hf_cache
 from dlcrepro import outputs
-from dlcrepro.cluster import calibration_path, load_merged, measurements, pilot_cells, project, projection_error_totals, projection_errors
+from dlcrepro.cluster import (calibration_path, load_merged, measurements, pilot_cells, project, projection_error_totals,
+                              projection_errors)
 from dlcrepro.cluster.calibrate import PILOT_STEPS, phase_rates
 from dlcrepro.cluster.cells import grid_cells
 
@@ -108,7 +109,8 @@ def check_the_pilot_and_its_calibration(results: Path, cfg: list[str]) -> dict:
     for c in pilot_cells(study):  # what each pilot cell recorded for the calibration
         s = json.loads((results / "_pilot" / c.name / "summary.json").read_text())
         assert s["steps"] == s["steps_timed"] == PILOT_STEPS, s
-        assert s["seconds_by_phase"]["eval"] > 0 and s["seconds_by_phase"]["checkpoint"] > 0  # its last step evaluates; ckpt_every 1
+        # its last step evaluates; ckpt_every 1
+        assert s["seconds_by_phase"]["eval"] > 0 and s["seconds_by_phase"]["checkpoint"] > 0
         assert s["peak_host_rss_mb"] > 100
         assert s["device_memory"]["torch_max_allocated_bytes"] is None  # a CPU: no device memory
         assert set(s["device_memory"]["engine_kv_cache_bytes"].values()) == {study.engine.kv_cache_mib * 2**20}
@@ -120,7 +122,8 @@ def check_the_pilot_and_its_calibration(results: Path, cfg: list[str]) -> dict:
         k = rates[r["class"]]
         assert k["fixed_s"] > 0 and k["per"]["sample"] > 0 and k["per"]["checkpoint"] > 0
         assert r["process"] in ("own process", "fork server child") and r["startup_s"] >= 0
-        assert sum(k["per"][p] * r[f"n_{p}"] for p in k["per"] if k["per"][p]) + k["fixed_s"] + r["startup_s"] == pytest.approx(r["wall_s"])
+        assert (sum(k["per"][p] * r[f"n_{p}"] for p in k["per"] if k["per"][p]) + k["fixed_s"] + r["startup_s"]
+                == pytest.approx(r["wall_s"]))
 
     projected = {(r["kind"], r["name"]): r for r in project(study, measured)}
     for c in grid_cells(study):
@@ -129,7 +132,8 @@ def check_the_pilot_and_its_calibration(results: Path, cfg: list[str]) -> dict:
     fresh, lagged = projected[("train", "tiny/bf16/pg/seed0")], projected[("train", "tiny/stale/pg/seed0")]
     k = rates[fresh["class"]]
     # a stale cell reads its first steps from the rollouts file: no sampling, no sync (sync_every 64 > steps)
-    assert (fresh["minutes"] - lagged["minutes"]) * 60 == pytest.approx(study.train.steps * (k["per"]["sample"] + k["per"]["sync"]))
+    assert ((fresh["minutes"] - lagged["minutes"]) * 60
+            == pytest.approx(study.train.steps * (k["per"]["sample"] + k["per"]["sync"])))
     assert projected[("rollouts", "tiny/stale/seed0")]["source"] == "measured"
 
     p = subprocess.run([sys.executable, "-m", "dlcrepro", "plan", "--config", str(SMOKE), "--set", f"results_dir={results}",
@@ -142,7 +146,8 @@ def check_the_pilot_and_its_calibration(results: Path, cfg: list[str]) -> dict:
     assert want["source"] == "projected" and want["runtime"] == 10  # seconds of work: the 10-minute floor, not the default 30
 
     # the dry run's train job asks for the calibrated memory and runtime
-    p = snakemake("-n", "--configfile", str(SMOKE), "--config", *cfg, "--", str(results / "tiny" / "bf16" / "pg" / "seed0" / "summary.json"))
+    p = snakemake("-n", "--configfile", str(SMOKE), "--config", *cfg, "--",
+                  str(results / "tiny" / "bf16" / "pg" / "seed0" / "summary.json"))
     assert p.returncode == 0, p.stderr[-3000:]
     train = (p.stdout + p.stderr).split("rule train:")[1]
     assert f"runtime={want['runtime']}," in train and f"mem_mb={want['mem_mb']}," in train, train[:1500]
@@ -171,7 +176,8 @@ def check_the_projection_error(results: Path, calibrated: dict) -> None:
     earlier = results / "_calibration.after-pilot.json"
     earlier.write_text(json.dumps(calibrated))
     p = subprocess.run([sys.executable, "-m", "dlcrepro", "plan", "--config", str(SMOKE), "--set", f"results_dir={results}",
-                        "--calibrate", str(results), "--projection-error", str(earlier)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                        "--calibrate", str(results), "--projection-error", str(earlier)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     assert f"total cell-time of {len(trained)} trained cells:" in p.stdout, p.stdout
     assert f"on work, start-up apart ({len(trained)} cells): total {totals['work_total']:+.1%}" in p.stdout, p.stdout
@@ -215,7 +221,8 @@ def test_smoke_pilot_calibration_then_the_pipeline_end_to_end_then_one_cell_reru
     )
     for r in copies.itertuples():
         cell = out["results_dir"] / "tiny" / r.sampler / r.correction / "seed0"
-        src = out["results_dir"] / "tiny" / r.sampler / {"ppo": "pg", "dlc": "is_center", "is_resync": "is"}[r.correction] / "seed0"
+        own = {"ppo": "pg", "dlc": "is_center", "is_resync": "is"}[r.correction]
+        src = out["results_dir"] / "tiny" / r.sampler / own / "seed0"
         assert r.computed_as == str(src)
         assert (cell / "metrics.parquet").read_bytes() == (src / "metrics.parquet").read_bytes()
 
@@ -262,7 +269,8 @@ def test_snakemake_scaling_writes_its_own_scans_table_and_leaves_the_committed_o
 
     out = {"results_dir": tmp_path / "results", "figures_dir": tmp_path / "figures",
            "tables_dir": tmp_path / "tables", "artifacts": tmp_path / "artifacts"}
-    committed = [ROOT / "paper_tables" / f"scaling.{e}" for e in ("md", "csv", "tex")] + [ROOT / "paper_tables" / "scaling_fit.csv"]
+    committed = [ROOT / "paper_tables" / f"scaling.{e}" for e in ("md", "csv", "tex")]
+    committed += [ROOT / "paper_tables" / "scaling_fit.csv"]
     committed += [ROOT / "figures" / f"scaling.{e}" for e in ("png", "pdf")]
     for f in committed:  # the committed files, where this run's tables and figures would go
         dest = out["tables_dir" if f.parent.name == "paper_tables" else "figures_dir"] / f.name

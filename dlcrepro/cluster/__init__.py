@@ -8,8 +8,8 @@ One module per concern, each importing only those above it:
     memory.py     the peak memory of a training job, by part
     device.py     a job that asks for a GPU stops where torch has none (`check_device`)
     cache.py      the weights and data the jobs read from the Hugging Face cache, and what is missing
-    plan.py       the plan's text (`python -m dlcrepro plan`, the Snakefile's)
     calibrate.py  the plan calibrated from the jobs that ran (`plan --calibrate`), the pilot's jobs
+    plan.py       the plan's text (`python -m dlcrepro plan`, the Snakefile's)
 
 Torch-free (like grid.py and config.py): the Snakefile imports it to lay out the DAG and print the
 plan, also from a Snakemake environment without torch. `check_device` imports torch only when a
@@ -74,8 +74,10 @@ from .plan import SLURM_PROFILE, failure_lines, load_merged, memory_line, plan_t
 from .resources import COPY_RESOURCES, JOBS, TRAIN_DEFAULTS, gpu_key, gres, job_resources
 
 __all__ = [
-    "CALIBRATION_FILE", "calibration_path", "PILOT_DIR", "PILOT_OVERRIDES", "CalibrationError", "calibration", "calibration_text", "load_calibration",
-    "measurements", "pilot_cells", "pilot_initial_eval_jobs", "pilot_rollouts_jobs", "project", "projection_error_totals", "projection_errors",
+    "CALIBRATION_FILE", "calibration_path", "PILOT_DIR", "PILOT_OVERRIDES", "CalibrationError", "calibration", "calibration_text",
+    "load_calibration",
+    "measurements", "pilot_cells", "pilot_initial_eval_jobs", "pilot_rollouts_jobs", "project", "projection_error_totals",
+    "projection_errors",
     "COPY_RESOURCES", "COST_MODEL", "ENGINE_START_S", "GPU_GIB", "HEAD_INPUT_BYTES", "JOBS", "LAYER_BYTES", "LOGIT_BYTES",
     "OUTSIDE_LAYERS_BYTES", "PROMPT_TOKENS", "RESPONSE_TOKENS", "TRAIN_DEFAULTS", "DeviceError", "GridCell", "Need",
     "PeakMemory", "StepCost", "blocking", "check_device", "checkpoint_problem", "copy_source", "estimated_minutes",
@@ -83,5 +85,6 @@ __all__ = [
     "finished", "gpu_key", "gres", "grid_cells", "initial_eval_jobs", "initial_eval_minutes",
     "SLURM_PROFILE", "failure_lines", "profile_retries",
     "job_resources", "load_merged", "memory_line", "missing_message", "needs", "param_count", "peak_memory", "plan_text",
-    "rollouts_jobs", "rollouts_minutes", "rollouts_topk", "scan_corrections", "shared_sampling_minutes", "step_cost", "worst_peak_memory",
+    "rollouts_jobs", "rollouts_minutes", "rollouts_topk", "scan_corrections", "shared_sampling_minutes", "step_cost",
+    "worst_peak_memory",
 ]

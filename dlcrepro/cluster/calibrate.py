@@ -71,7 +71,8 @@ def pilot_cells(cfg: Config) -> list[GridCell]:
         if k in chosen:
             continue
         for s in samplers:  # the preferred sampler of this precision whose cell is its own computation
-            if get_sampler(s).precision == get_sampler(c.sampler).precision and computed_as(s, c.correction, cfg.train_for(c.model))[0] == c.correction:
+            if (get_sampler(s).precision == get_sampler(c.sampler).precision
+                    and computed_as(s, c.correction, cfg.train_for(c.model))[0] == c.correction):
                 chosen[k] = GridCell(c.model, s, c.correction, int(cfg.grid.seeds[0]))
                 break
         else:
@@ -187,7 +188,8 @@ def measurements(cfg: Config, results: Path) -> list[dict]:
             # so its sampling and syncs teach no rate (their seconds stay in its fixed part's sum)
             for p in ENGINE_PHASES:
                 counts[p] = 0
-        row = {**_job_row(kind, c.name, bench, summary), "class": cost_class(cfg, c.model, c.sampler, c.correction), "steps": steps,
+        row = {**_job_row(kind, c.name, bench, summary), "class": cost_class(cfg, c.model, c.sampler, c.correction),
+               "steps": steps,
                "process": summary.get("process"), "startup_s": summary.get("startup_seconds")}
         row.update({f"sec_{p}": seconds[p] for p in PHASES})
         row.update({f"n_{p}": counts[p] for p in PHASES})
@@ -229,7 +231,8 @@ def phase_rates(measured: list[dict]) -> dict[str, dict]:
         fixed = _mean([max(0.0, r["wall_s"] - sum(r[f"sec_{p}"] for p in PHASES if r[f"n_{p}"]) - (r.get("startup_s") or 0.0))
                        for r in rows])
         mem = [r["peak_host_mb"] for r in rows if r["peak_host_mb"] is not None]
-        rates[k] = {"per": per, "fixed_s": fixed, "peak_host_mb": max(mem) if mem else None, "from": [f"{r['kind']} {r['name']}" for r in rows]}
+        rates[k] = {"per": per, "fixed_s": fixed, "peak_host_mb": max(mem) if mem else None,
+                    "from": [f"{r['kind']} {r['name']}" for r in rows]}
     return rates
 
 
@@ -274,18 +277,22 @@ def _uncalibrated(cfg: Config, kind: str, model: str, sampler: str | None, corre
 
     r = job_resources(cfg, model, "train" if kind == "pilot" else kind, sampler)
     est = {"train": lambda: estimated_minutes(cfg, model, correction), "pilot": lambda: None, "copy": lambda: None,
-           "rollouts": lambda: rollouts_minutes(cfg, model, sampler), "initial_eval": lambda: initial_eval_minutes(cfg, model)}[kind]()
+           "rollouts": lambda: rollouts_minutes(cfg, model, sampler),
+           "initial_eval": lambda: initial_eval_minutes(cfg, model)}[kind]()
     return r, est
 
 
 def all_jobs(cfg: Config) -> list[dict]:
     """Every job of the grid and of the pilot: kind, name, model, sampler, correction, class."""
-    jobs = [dict(kind="initial_eval", name=f"{m}/seed{s}", model=m, sampler=None, correction=None, cls=m) for m, s in initial_eval_jobs(cfg)]
-    jobs += [dict(kind="rollouts", name=f"{m}/{s}/seed{k}", model=m, sampler=s, correction=None, cls=f"{m}|{s}") for m, s, k in rollouts_jobs(cfg)]
+    jobs = [dict(kind="initial_eval", name=f"{m}/seed{s}", model=m, sampler=None, correction=None,
+                 cls=m) for m, s in initial_eval_jobs(cfg)]
+    jobs += [dict(kind="rollouts", name=f"{m}/{s}/seed{k}", model=m, sampler=s, correction=None,
+                  cls=f"{m}|{s}") for m, s, k in rollouts_jobs(cfg)]
     for kind, cells in (("pilot", pilot_cells(cfg)), ("train", grid_cells(cfg))):
         for c in cells:
             copy = kind == "train" and c.same_as is not None
-            jobs.append(dict(kind="copy" if copy else kind, name=c.name, model=c.model, sampler=c.sampler, correction=c.correction,
+            jobs.append(dict(kind="copy" if copy else kind, name=c.name, model=c.model, sampler=c.sampler,
+                             correction=c.correction,
                              cls="copy" if copy else cost_class(cfg, c.model, c.sampler, c.correction)))
     return jobs
 
@@ -303,7 +310,8 @@ def project(cfg: Config, measured: list[dict]) -> list[dict]:
         r, est = _uncalibrated(cfg, j["kind"], j["model"], j["sampler"], j["correction"])
         row = {**{k: j[k] for k in ("kind", "name", "model", "sampler", "correction")}, "class": j["cls"], "gpu": r["gpu"],
                "assumed_minutes": est, "runtime_uncalibrated": r["runtime"], "mem_mb_uncalibrated": r["mem_mb"],
-               "minutes": est, "peak_host_mb": None, "source": "assumed", "basis": "the H200 cost model" if est is not None else "none"}
+               "minutes": est, "peak_host_mb": None, "source": "assumed",
+               "basis": "the H200 cost model" if est is not None else "none"}
         done = ran.get((j["kind"], j["name"]))
         if done is not None and done["wall_s"] is not None:
             row.update(minutes=done["wall_s"] / 60, peak_host_mb=done["peak_host_mb"], source="measured", basis="it ran",
@@ -311,7 +319,8 @@ def project(cfg: Config, measured: list[dict]) -> list[dict]:
         elif j["kind"] in ("train", "pilot") and j["cls"] in rates:
             k = rates[j["cls"]]
             if j["kind"] == "pilot":
-                counts = phase_counts(cfg, j["model"], j["sampler"], PILOT_STEPS, 1, {"ckpt_every": PILOT_OVERRIDES["train.ckpt_every"]})
+                counts = phase_counts(cfg, j["model"], j["sampler"], PILOT_STEPS, 1,
+                                      {"ckpt_every": PILOT_OVERRIDES["train.ckpt_every"]})
             else:
                 counts = phase_counts(cfg, j["model"], j["sampler"], cfg.train_for(j["model"]).steps,
                                       resyncs=correction_info(j["correction"]).resync)
@@ -324,7 +333,8 @@ def project(cfg: Config, measured: list[dict]) -> list[dict]:
             row.update(minutes=seconds / 60, peak_host_mb=k["peak_host_mb"], source="projected", basis=basis, startup_s=startup_s)
         elif j["kind"] in plain and j["cls"] in plain[j["kind"]]:
             k = plain[j["kind"]][j["cls"]]
-            row.update(minutes=k["wall_s"] / 60, peak_host_mb=k["peak_host_mb"], source="projected", basis="mean of " + ", ".join(k["from"]))
+            row.update(minutes=k["wall_s"] / 60, peak_host_mb=k["peak_host_mb"], source="projected",
+                       basis="mean of " + ", ".join(k["from"]))
         if row["source"] != "assumed":
             row["runtime"] = request_runtime(row["minutes"])
             row["mem_mb"] = request_mem_mb(row["peak_host_mb"]) if row["peak_host_mb"] else r["mem_mb"]
@@ -342,7 +352,8 @@ def calibration(cfg: Config, projected: list[dict], results: str) -> dict:
         if r["source"] == "assumed":
             continue
         kind = "train" if r["kind"] == "copy" else r["kind"]
-        jobs[f"{kind}/{r['name']}"] = {"runtime": r["runtime"], "mem_mb": r["mem_mb"], "minutes": round(r["minutes"], 3), "source": r["source"]}
+        jobs[f"{kind}/{r['name']}"] = {"runtime": r["runtime"], "mem_mb": r["mem_mb"], "minutes": round(r["minutes"], 3),
+                                       "source": r["source"]}
         if r.get("startup_s") is not None and r["source"] == "projected":
             jobs[f"{kind}/{r['name']}"]["startup_s"] = round(r["startup_s"], 2)
     return {"format": FORMAT, "config": cfg.name, "digest": config_digest(cfg), "results_dir": str(results),
@@ -366,19 +377,17 @@ def load_calibration(cfg: Config, results: str | Path) -> dict | None:
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise CalibrationError(f"{path}: not a calibration file ({e}); delete it or rerun `python -m dlcrepro plan --calibrate {results}`") from e
+        raise CalibrationError(f"{path}: not a calibration file ({e}); delete it or rerun `python -m dlcrepro plan --calibrate "
+                               f"{results}`") from e
     if data.get("format") != FORMAT or data.get("digest") != config_digest(cfg):
         raise CalibrationError(
             f"{path} was calibrated for another config than {cfg.name!r} (its task, engine, train or models section changed): "
-            f"rerun `python -m dlcrepro plan --config <your configs> --calibrate {results}`, or delete it to use the uncalibrated requests")
+            f"rerun `python -m dlcrepro plan --config <your configs> --calibrate {results}`, or delete it to use the "
+            "uncalibrated requests")
     return data
 
 
 # ----------------------------------------------------------------------------- the text
-
-
-def _h(minutes: float | None) -> str:
-    return "—" if minutes is None else f"{minutes / 60:.2f}"
 
 
 def calibration_text(cfg: Config, projected: list[dict], written: Path | None = None) -> str:
@@ -412,10 +421,10 @@ def calibration_text(cfg: Config, projected: list[dict], written: Path | None = 
     lines += ["", f"grid: {len(grid)} jobs, {len(grid) - len(left)} done, {len(left)} to run"
               + (f" ({unknown} with no time: nothing measured of their class and no cost model)" if unknown else ""),
               f"  job-hours to run: {total(left, 'minutes')} calibrated vs {total(left, 'assumed_minutes')} by the cost model",
-              f"  GPU-hours to run: {total(left, 'minutes', True)} calibrated; requested {total(left, 'runtime', True)} calibrated "
-              f"vs {total(left, 'runtime_uncalibrated', True)} uncalibrated",
-              f"  requests: runtime {RUNTIME_MARGIN}x the minutes (10-min steps), memory {MEM_MARGIN}x the measured peak; a job killed "
-              "at its time limit is retried with twice its runtime and resumes from its checkpoint"]
+              f"  GPU-hours to run: {total(left, 'minutes', True)} calibrated; requested {total(left, 'runtime', True)} "
+              f"calibrated vs {total(left, 'runtime_uncalibrated', True)} uncalibrated",
+              f"  requests: runtime {RUNTIME_MARGIN}x the minutes (10-min steps), memory {MEM_MARGIN}x the measured peak; a job "
+              "killed at its time limit is retried with twice its runtime and resumes from its checkpoint"]
     ran = [r for r in projected if r["source"] == "measured"]
     devices = [r for r in ran if r.get("torch_peak_bytes") is not None]
     lines.append("  device memory: " + ("; ".join(f"{r['name']} torch {r['torch_peak_bytes'] / 2**30:.1f} GiB" for r in devices)
@@ -437,7 +446,8 @@ def projection_errors(calibrated: dict, measured: list[dict]) -> list[dict]:
         r = ran.get(key)
         if job["source"] == "projected" and r is not None and r["wall_s"]:
             m = r["wall_s"] / 60
-            row = {"job": key, "kind": r["kind"], "projected_min": job["minutes"], "measured_min": m, "error": job["minutes"] / m - 1,
+            row = {"job": key, "kind": r["kind"], "projected_min": job["minutes"], "measured_min": m,
+                   "error": job["minutes"] / m - 1,
                    "process": r.get("process"), "work_error": None}
             if job.get("startup_s") is not None and r.get("startup_s") is not None:
                 row["projected_work_min"] = job["minutes"] - job["startup_s"] / 60
@@ -455,7 +465,8 @@ def projection_error_totals(errors: list[dict]) -> dict | None:
     if not cells:
         return None
     worked = [e for e in cells if e["work_error"] is not None]
-    out = {"cells": len(cells), "projected_min": sum(e["projected_min"] for e in cells), "measured_min": sum(e["measured_min"] for e in cells),
+    out = {"cells": len(cells), "projected_min": sum(e["projected_min"] for e in cells),
+           "measured_min": sum(e["measured_min"] for e in cells),
            "worst": max(cells, key=lambda e: abs(e["error"])), "work_cells": len(worked), "work_total": None, "worst_work": None}
     out["total"] = out["projected_min"] / out["measured_min"] - 1
     if worked:

@@ -78,7 +78,8 @@ def rollouts_topk(cfg: Config, model: str, sampler: str, seed: int) -> int:
     """The top-k log-probs a rollouts job keeps per token: engine.topk if a trained cell that reads
     its file has a correction that reads the engine's next-token distribution, else 0 (the file is
     then ~k times smaller)."""
-    readers = [c.correction for c in grid_cells(cfg) if (c.model, c.sampler, c.seed) == (model, sampler, int(seed)) and c.same_as is None]
+    readers = [c.correction for c in grid_cells(cfg) if (c.model, c.sampler, c.seed) == (model, sampler,
+                                                                                         int(seed)) and c.same_as is None]
     return max((engine_topk(c, cfg.engine) for c in readers), default=0)
 
 

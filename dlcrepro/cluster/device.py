@@ -27,7 +27,8 @@ def check_device(cfg: Config, model: str) -> None:
     if seen >= gpus:
         return
     where = ", ".join(f"{k}={os.environ[k]}" for k in ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID") if k in os.environ)
-    env = f"python {sys.executable}, torch {torch.__version__}" + (f" (CUDA {cuda_build})" if cuda_build else "") + (f", {where}" if where else "")
+    env = (f"python {sys.executable}, torch {torch.__version__}" + (f" (CUDA {cuda_build})" if cuda_build else "")
+           + (f", {where}" if where else ""))
     if not cuda_build:
         why = "this torch is a CPU-only build"
         fix = (

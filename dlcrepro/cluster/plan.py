@@ -11,7 +11,8 @@ from typing import Any
 from ..config import Config
 from ..registry import correction_info
 from .cache import blocking, needs
-from .calibrate import PILOT_DIR, PILOT_STEPS, calibration_path, load_calibration, pilot_cells, pilot_initial_eval_jobs, pilot_rollouts_jobs
+from .calibrate import (PILOT_DIR, PILOT_STEPS, calibration_path, load_calibration, pilot_cells, pilot_initial_eval_jobs,
+                        pilot_rollouts_jobs)
 from .cells import finished, grid_cells, initial_eval_jobs, rollouts_jobs
 from .costs import (RESPONSE_TOKENS, estimated_minutes, failure_minutes, initial_eval_minutes, rollouts_minutes,
                     shared_sampling_minutes)
@@ -95,7 +96,8 @@ def plan_text(cfg: Config, source: str = "") -> str:
     lines = [
         f"dlcrepro plan: {cfg.name}" + (f" ({source})" if source else ""),
         f"grid: {len(g.models)} models x {len(g.samplers)} samplers x {len(g.corrections)} corrections x {len(g.seeds)} seeds"
-        f" = {len(cells)} cells: {sum(c.same_as is None for c in cells)} trained, {sum(c.same_as is not None for c in cells)} copied"
+        f" = {len(cells)} cells: {sum(c.same_as is None for c in cells)} trained, "
+        f"{sum(c.same_as is not None for c in cells)} copied"
         " (a copy waits for the cell it equals and asks for no GPU)",
     ]
     warm = [m for m in dict.fromkeys(g.models) if cfg.models[m].kind == "tiny"]
@@ -110,9 +112,10 @@ def plan_text(cfg: Config, source: str = "") -> str:
         lines.append(f"θ_0 evaluations: {len(initial)} job(s) first, one per model and seed: θ_0's accuracies, where every "
                      "cell's curve starts, evaluated once (dlcrepro/initial_eval.py); counted in the GPU-hours below")
     pilot = pilot_cells(cfg)
-    lines.append(f"pilot (target `pilot`, then `python -m dlcrepro plan --calibrate {cfg.results_dir}`): {len(pilot)} cell(s) cut to "
-                 f"{PILOT_STEPS} steps, one per cost class, under {Path(cfg.results_dir) / PILOT_DIR}, with {len(pilot_initial_eval_jobs(cfg))} "
-                 f"θ_0 evaluation(s) and {len(pilot_rollouts_jobs(cfg))} rollouts job(s) of the grid's own")
+    lines.append(f"pilot (target `pilot`, then `python -m dlcrepro plan --calibrate {cfg.results_dir}`): {len(pilot)} cell(s) "
+                 f"cut to {PILOT_STEPS} steps, one per cost class, under {Path(cfg.results_dir) / PILOT_DIR}, with "
+                 f"{len(pilot_initial_eval_jobs(cfg))} θ_0 evaluation(s) and {len(pilot_rollouts_jobs(cfg))} rollouts job(s) "
+                 "of the grid's own")
     def row(*cols) -> str:
         return "{:<12}{:>6}{:>9}{:>8}{:>6}  {:<22}{:>16}  {}".format(*cols)
 
@@ -124,20 +127,24 @@ def plan_text(cfg: Config, source: str = "") -> str:
         done = sum(finished(cfg, c) for c in mine)
         r = job_resources(cfg, m)
         each = [job_resources(cfg, m, "train", c.sampler, cal, c.name) for c in trained]
-        requested = sum(gpu_minutes(job_resources(cfg, m, "train" if c.same_as is None else "copy", c.sampler, cal, c.name)) for c in mine)
+        requested = sum(gpu_minutes(job_resources(cfg, m, "train" if c.same_as is None else "copy", c.sampler, cal,
+                                                  c.name)) for c in mine)
         ests = [estimated_minutes(cfg, m, c.correction) for c in trained]  # a cell of several SGD steps a batch costs more
         est_gpu = None if not ests or ests[0] is None else r["gpu"] * sum(ests)
         for _, sampler, seed in (j for j in shared if j[0] == m):  # each rollouts job, and the cells that read it
             requested += gpu_minutes(job_resources(cfg, m, "rollouts", sampler, cal, f"{m}/{sampler}/seed{seed}"))
             if est_gpu is not None:
-                readers = [c for c in trained if c.sampler == sampler and c.seed == seed and not correction_info(c.correction).resync]
+                readers = [c for c in trained
+                           if c.sampler == sampler and c.seed == seed and not correction_info(c.correction).resync]
                 # a resync correction reads the file only until its first resync: counted as sampling it all
-                est_gpu += r["gpu"] * (rollouts_minutes(cfg, m, sampler) - len(readers) * shared_sampling_minutes(cfg, m, sampler))
+                est_gpu += r["gpu"] * (rollouts_minutes(cfg, m, sampler)
+                                       - len(readers) * shared_sampling_minutes(cfg, m, sampler))
         for _, seed in (j for j in initial if j[0] == m):  # each θ_0 evaluation job
             requested += gpu_minutes(job_resources(cfg, m, "initial_eval", None, cal, f"{m}/seed{seed}"))
             if est_gpu is not None:
                 est_gpu += r["gpu"] * initial_eval_minutes(cfg, m)
-        runtimes, mems = sorted({e["runtime"] for e in each}) or [r["runtime"]], sorted({e["mem_mb"] for e in each}) or [r["mem_mb"]]
+        runtimes = sorted({e["runtime"] for e in each}) or [r["runtime"]]
+        mems = sorted({e["mem_mb"] for e in each}) or [r["mem_mb"]]
         span = lambda xs: f"{xs[0]}" if len(xs) == 1 else f"{xs[0]}-{xs[-1]}"  # noqa: E731
         per_job = f"{r['gpu']} GPU, {span(runtimes)} min, {span([x // 1000 for x in mems])} GB"
         est_text = "—" if est_gpu is None else f"{_hours(est_gpu)} ({span(sorted({round(x) for x in ests}))} min/job)"
@@ -150,10 +157,13 @@ def plan_text(cfg: Config, source: str = "") -> str:
                 largest = (key, c, e, sum(x == e for x in each))
     n_trained = sum(c.same_as is None for c in cells)
     lines.append(row("total", len(cells), n_trained, len(cells) - n_trained, "", "", _hours(total_req), _hours(total_est)))
-    lines.append("GPU-h requested: Σ runtime × GPUs of the Slurm requests; estimated: the H200 cost model of docs/cluster.md (— where a model is not in it)")
+    lines.append("GPU-h requested: Σ runtime × GPUs of the Slurm requests; estimated: the H200 cost model of docs/cluster.md (— "
+                 "where a model is not in it)")
     where = calibration_path(cfg, cfg.results_dir)
-    lines.append(f"requests calibrated: {len(cal['jobs'])} jobs' runtime and memory from {where} (python -m dlcrepro plan --calibrate)"
-                 if cal else f"requests uncalibrated (no {where}: run the pilot, then python -m dlcrepro plan --calibrate {cfg.results_dir})")
+    lines.append(f"requests calibrated: {len(cal['jobs'])} jobs' runtime and memory from {where} (python -m dlcrepro plan "
+                 "--calibrate)"
+                 if cal else f"requests uncalibrated (no {where}: run the pilot, then python -m dlcrepro plan --calibrate "
+                             f"{cfg.results_dir})")
     if largest:
         _, cell, r, n = largest
         lines.append(

@@ -400,7 +400,7 @@ def start_fork_server():
     while it imports, and whenever it is absent."""
     if not fork_server_wanted() or not any(j.rule.name in ("train", "pilot_cell") for j in workflow.dag.needrun_jobs()):
         return None
-    from dlcrepro.server import private_dir  # stdlib only, like dlcrepro.config
+    from dlcrepro.server import private_dir  # torch-free, like dlcrepro.config
 
     path = str(private_dir() / f"snakemake-{os.getpid()}.sock")  # 0700: no other user reaches it
     Path(LOGS).mkdir(parents=True, exist_ok=True)
