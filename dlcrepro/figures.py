@@ -1,16 +1,18 @@
 """The paper's figures, each as .pdf and .png, from the collected per-step and per-run tables.
 
-Each figure reads without the README: its title says what is plotted, in which unit and over how
-many seeds (a line is the mean over the runs that finished, a thin line each seed; where many runs
-are pooled, a band is the 95 % t-interval of the mean over runs, as the tables give it:
-intervals.t_interval); a run that diverged ends in a cross at its last step and stays out of the means and of
-the axis limits; where the paper reports a value for what a panel shows, it is marked there; one
-legend beside the panels, never over the data, names every line and every reference line; a cell that is a copy of another
-(`computed_as`, dlcrepro/grid.py) is drawn with hollow markers over the run it equals and named as
-such in the legend; and a correction keeps one colour, line style and marker in every figure
-(`correction_styles`: a family of corrections shares a hue, its members differ in line style and
-marker). Each figure function returns its `Figure`; `write_all` saves those outputs.FIGURES lists
-(docs/extending.md, "Adding a figure").
+Each figure reads without the README and at a page's width: a caption of two lines, what is plotted
+(in which unit) and then what a line averages (a line is the mean over the runs that finished, a thin
+line each seed; where many runs are pooled, a band is the 95 % t-interval of the mean over runs, as
+the tables give it: intervals.t_interval); a model's four panels in two rows of two; one legend beside
+the panels, never over the data, names every line, reference line and mark; the rest is in
+docs/results.md (READING). A run that diverged ends in a cross at its last step and stays out of the
+means and of the axis limits, as does a run off the scale (off_scale_runs: a triangle on the top
+edge); where the paper reports a value for what a panel shows, it is marked there, beside the data;
+a cell that is a copy of another (`computed_as`, dlcrepro/grid.py) is drawn with hollow markers over
+the run it equals and named as such in the legend; and a correction keeps one colour, line style and
+marker in every figure (`correction_styles`: a family of corrections shares a hue, its members differ
+in line style and marker). Each figure function returns its `Figure`; `write_all` saves those
+outputs.FIGURES lists (docs/extending.md, "Adding a figure").
 """
 
 from __future__ import annotations

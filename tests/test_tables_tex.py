@@ -50,7 +50,7 @@ def overfull_points(log: str) -> list[float]:
 
 
 def pages(log: str) -> int:
-    return int(re.search(r"Output written on .*?\((\d+) pages?", log, re.S).group(1))
+    return int(re.search(r"Output written on .*?\((\d+) pages?", log, re.DOTALL).group(1))
 
 
 def too_tall(log: str) -> list[str]:
