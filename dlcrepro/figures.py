@@ -804,7 +804,7 @@ def findings(findings: pd.DataFrame) -> Figure:
     fig = plt.figure(figsize=(15.5, 0.52 * n + 2.1), layout="constrained")
     grid, forest = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3.3, 1.2]})
     # (name, x, width in units of the grid's axis, characters a line of 8-pt text holds in it)
-    cols = [("finding", 0.0, 3.6, 44), ("paper", 3.6, 2.0, 23)] + [(r, 5.6 + 2.6 * i, 2.6, 33) for i, r in enumerate(reps)]
+    cols = [("finding", 0.0, 3.6, 44), ("paper", 3.6, 2.0, 23)] + [(r, 5.6 + 2.6 * i, 2.6, 30) for i, r in enumerate(reps)]
     cols.append(("verdict", 5.6 + 2.6 * len(reps), 2.2, 25))
     width = cols[-1][1] + cols[-1][2]
     grid.set(xlim=(0, width), ylim=(n - 0.4, -1.1))
@@ -827,11 +827,14 @@ def findings(findings: pd.DataFrame) -> Figure:
     colours = ("#0072B2", "#E69F00", "#009E73", "#CC79A7")
     brackets, t_intervals = interval_kind(findings)
     bar_style = "-" if t_intervals else (0, (2, 1.5))  # dashed: not the interval the current rules compute
+    open_below = []  # (y, mean, colour) of the intervals that reach 0 or below: no left end on a log axis
     for i, r in rows:
         for k, label in enumerate(reps):
             v, lo, hi = (r.get(f"{label} {q}", np.nan) for q in ("value", "low", "high"))
             if pd.notna(v) and v > 0:
-                err = [[v - lo], [hi - v]] if pd.notna(lo) and lo > 0 else None
+                err = None if pd.isna(lo) else [[v - lo if lo > 0 else 0.0], [hi - v]]
+                if pd.notna(lo) and lo <= 0:
+                    open_below.append((i + offsets[k], v, colours[k % 4]))
                 bars = forest.errorbar([v], [i + offsets[k]], xerr=err, fmt="o", ms=4, color=colours[k % 4], lw=1.2, capsize=2)
                 for line in bars[2]:
                     line.set_linestyle(bar_style)
@@ -845,6 +848,10 @@ def findings(findings: pd.DataFrame) -> Figure:
     forest.axvline(A.LEAVE_FLOOR_RATIO, **REFERENCE_LINE, ls="--")
     forest.set(xscale="log", ylim=(n - 0.4, -1.1), yticks=[i for i, _ in rows], yticklabels=[r["finding"] for _, r in rows],
                xlabel="noise-floor multiple M (× floor, log scale)", title="M: this study against the paper")
+    left = forest.get_xlim()[0]
+    for y, v, colour in open_below:  # the bar runs on to the left edge and ends in a triangle there
+        forest.add_artist(Line2D([left, v], [y, y], ls=bar_style, lw=1.2, color=colour))
+        forest.add_artist(Line2D([left], [y], ls="none", marker="<", ms=5, color=colour, clip_on=False))
     bar = "95 % t-interval" if t_intervals else "percentile bootstrap (dashed)"
     handles = [Line2D([], [], ls=bar_style, marker="o", color=colours[k % 4], label=f"{lab}: mean and {bar}")
                for k, lab in enumerate(reps)]
@@ -852,6 +859,8 @@ def findings(findings: pd.DataFrame) -> Figure:
                 Line2D([], [], **_ref_handle(":"), label="1× floor"), Line2D([], [], **_ref_handle("--"), label="2× floor")]
     notes = [Line2D([], [], ls="none", label=brackets),
              Line2D([], [], ls="none", label="(runs a to b): the smallest and the largest run, not an interval")]
+    if open_below:
+        notes.append(Line2D([], [], ls="none", label="◁ at the left edge of M: an interval that reaches 0 or below"))
     fig.legend(handles=notes, loc="outside lower left", frameon=False, fontsize=8, handlelength=0, handletextpad=0)
     fig.legend(handles=handles, loc="outside lower right", ncols=3, frameon=False, fontsize=8)
     rules = sorted(set(findings["rules"].astype(str))) if "rules" in findings else ["not recorded"]

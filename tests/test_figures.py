@@ -259,6 +259,7 @@ def test_the_summary_figure_tells_an_interval_from_a_range_in_its_legend_and_cut
     steps, runs = study([("bf16", "pg"), ("fp8", "pg"), ("fp8", "center"), ("stale", "is"), ("stale", "dlc")], seeds=(0, 1, 2, 3))
     runs["initial_test_accuracy"], runs["resync_steps"] = 0.1, "[]"
     table = FD.findings_table(steps, runs, [[0, 1], [2, 3]], n_boot=50)
+    assert FD.replicate_columns(table) == ["seeds 0,1", "seeds 2,3"]  # not "seeds to decide"
     fig = F.findings(table)
     texts = legend_texts(fig)
     assert any(t.startswith("[a, b]: 95 % t-interval") for t in texts) and any(t.startswith("(runs a to b)") for t in texts)
