@@ -233,7 +233,8 @@ def _wrapped(n_models: int, n_panels: int, n_cols: int = 2, **kw):
     for k in range(n_panels, rows * cols):
         for i in range(n_models):
             axes[i * rows + k // cols, k % cols].set_visible(False)
-            axes[i * rows + k // cols - 1, k % cols].xaxis.set_tick_params(labelbottom=True)  # the panel above is the column's last
+            # the panel above is the column's last: its step labels show
+            axes[i * rows + k // cols - 1, k % cols].xaxis.set_tick_params(labelbottom=True)
     return fig, axes, per_model
 
 
@@ -424,9 +425,10 @@ def _paper_zone(axes_by_sampler: dict[str, object], corrections: dict[str, set[s
             at[k] = min(at[k], (at[k + 1] - gap) if k + 1 < len(at) else 0.97)
         for (m, c), w, a in zip(placed[s], want, at):
             moved = abs(a - w) > 1e-6
-            label = ax.annotate(f"{c} {m:g}×", (x_mark, m), xytext=(x_mark + 0.065 * last_step, a), textcoords=ax.get_xaxis_transform(),
-                                fontsize=6.5, ha="left", va="center", color=PAPER_COLOUR,
-                                arrowprops=dict(arrowstyle="-", lw=0.5, color=PAPER_COLOUR, shrinkA=0, shrinkB=3) if moved else None)
+            leader = dict(arrowstyle="-", lw=0.5, color=PAPER_COLOUR, shrinkA=0, shrinkB=3) if moved else None
+            label = ax.annotate(f"{c} {m:g}×", (x_mark, m), xytext=(x_mark + 0.065 * last_step, a),
+                                textcoords=ax.get_xaxis_transform(), fontsize=6.5, ha="left", va="center", color=PAPER_COLOUR,
+                                arrowprops=leader)
             label.set_in_layout(False)  # the strip holds it: the layout need not make room, which would move the panels
 
 
@@ -492,7 +494,8 @@ def ess(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
             ax.set(title=f"{m} / {s}", xlabel="step", ylabel="lag ESS (normalised, no unit)", ylim=(0, 1.05))
     _tidy(axes, shared_y=True)
     notes = copy_labels(runs, samplers)
-    _title(fig, "Lag ESS of each fresh batch under the lagged samplers (thick) and its Gaussian prediction exp(−Var λ) (faint)",
+    _title(fig, "Lag ESS of each fresh batch under the lagged samplers (thick) and its Gaussian prediction "
+                "exp(−Var λ) (faint)",
            over_seeds(d, runs=runs))
     _legend(fig, d["correction"].unique(), styles, notes, refs=[("ESS 1/2: IS weights fail below", _ref_handle(":")),
                                                                  *[(lab, dict(ls=ls, color=PAPER_COLOUR, lw=1.0)) for lab, ls in PAPER_ESS_LABELS]],
@@ -518,8 +521,8 @@ def noise_floor(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure
             _reference(ax, A.LEAVE_FLOOR_RATIO, "2× floor", "--")
             ax.set(yscale="log", title=f"{m} / {s}", xlabel="step", ylabel="dev / floor (× floor)")
     _tidy(axes, shared_y=True)
-    for i, m in enumerate(models):  # once every panel's data is drawn: the y limits are shared
-        _paper_zone(dict(zip(samplers, panels[i])), {s: set(d.loc[d["sampler"] == s, "correction"]) for s in samplers},
+    for model_panels in panels:  # once every panel's data is drawn: the y limits are shared
+        _paper_zone(dict(zip(samplers, model_panels)), {s: set(d.loc[d["sampler"] == s, "correction"]) for s in samplers},
                     float(steps["step"].max()))
     notes = copy_labels(runs, samplers)
     _title(fig, "Deviation from on-policy training: dev / floor at the probe steps (3-step moving average, log scale)",
@@ -599,7 +602,8 @@ def off_support_kl(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Fig
     resync = {c: f"{notes.get(c, '')} · resyncs" for c in d["correction"].unique() if c in A.RESYNC_CORRECTIONS}
     _title(fig, "The invisible collapse: off-support share on the trainer's side (top), sampler-side KL (bottom)",
            over_seeds(d, runs=runs))
-    _legend(fig, d["correction"].unique(), styles, {**notes, **resync}, extra=marks(runs, d, copied=bool(notes), off_scale=any_off))
+    _legend(fig, d["correction"].unique(), styles, {**notes, **resync},
+            extra=marks(runs, d, copied=bool(notes), off_scale=any_off))
     return fig
 
 
@@ -686,19 +690,23 @@ def learning(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
         for share, c in share_colours.items():
             _mean_band(batches, ref, share, dict(color=c, lw=1.3))
         batches.set(title=f"{m}: bf16/pg batches", xlabel="step", ylabel="share of prompts", ylim=(0, 1.02))
-        batches.legend([Line2D([], [], color=c, lw=1.3) for c in share_colours.values()], ["pass@1", "pass@k", "mixed-reward groups"],
+        batches.legend([Line2D([], [], color=c, lw=1.3) for c in share_colours.values()],
+                       ["pass@1", "pass@k", "mixed-reward groups"],
                        loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False, fontsize=8)
         snr = steps.loc[(steps["model"] == m) & (steps["correction"] == "pg") & steps["grad_snr"].notna()]
         for s in _panel_samplers(snr):
             _mean_band(snr_ax, snr.loc[snr["sampler"] == s], "grad_snr",
                        dict(color=SAMPLER_COLOURS.get(s, "k"), lw=1.3, marker="o", ms=3, label=f"pg / {s}"))
         _reference(snr_ax, 1.0, "SNR 1: signal = noise", ":")
-        snr_ax.set(yscale="log", title=f"{m}: on-policy gradient SNR (probe steps)", xlabel="step", ylabel="‖mean‖² / noise (no unit)")
+        snr_ax.set(yscale="log", title=f"{m}: on-policy gradient SNR (probe steps)", xlabel="step",
+                   ylabel="‖mean‖² / noise (no unit)")
         snr_ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False, fontsize=8, ncols=2)
     _tidy(axes, shared_y=False)
     ref_all = steps.loc[is_ref]
-    _title(fig, "Why the on-policy reference (bf16/pg) learns: its accuracy, the training reward, its batches, its gradient's SNR",
-           f"accuracy: a line per seed ({seed_count(ref_all)}); other panels: thick line the mean over seeds, thin lines each seed")
+    _title(fig, "Why the on-policy reference (bf16/pg) learns: its accuracy, the training reward, its batches, "
+                "its gradient's SNR",
+           f"accuracy: a line per seed ({seed_count(ref_all)}); other panels: thick line the mean over seeds, "
+           "thin lines each seed")
     return fig
 
 
@@ -809,7 +817,7 @@ def findings(findings: pd.DataFrame) -> Figure:
     width = cols[-1][1] + cols[-1][2]
     grid.set(xlim=(0, width), ylim=(n - 0.4, -1.1))
     grid.axis("off")
-    for name, x, w, _ in cols:
+    for name, x, _, _ in cols:
         grid.text(x + 0.08, -0.75, name, fontweight="bold", fontsize=9, va="center")
     for i, (_, r) in enumerate(findings.iterrows()):
         grid.text(0.08, i, _wrapped_text(f"{r['finding']}: {r['what']}", cols[0][3]), fontsize=8, va="center")

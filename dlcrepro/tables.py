@@ -326,13 +326,15 @@ def to_tex(df: pd.DataFrame, caption: str) -> str:
     header = [r"\toprule", " & ".join(_tex_escape(str(c)) for c in cols) + r" \\", r"\midrule"]
     body = [" & ".join(_tex_escape(_fmt(v)) for v in r) + r" \\" for _, r in df.iterrows()]
     if tex_height(df, caption) <= TEX_FLOAT_MAX_PT:
-        lines = [r"% needs \usepackage{booktabs,array}", r"\begin{table}[t]", r"\centering", size, rf"\caption{{{_tex_escape(caption)}}}",
-                 r"\begin{tabular}{" + spec + "}", *header, *body, r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
+        lines = [r"% needs \usepackage{booktabs,array}", r"\begin{table}[t]", r"\centering", size,
+                 rf"\caption{{{_tex_escape(caption)}}}", r"\begin{tabular}{" + spec + "}", *header, *body, r"\bottomrule",
+                 r"\end{tabular}", r"\end{table}", ""]
     else:
         continued = rf"\multicolumn{{{len(cols)}}}{{@{{}}l}}{{\emph{{(continued)}}}} \\"
         lines = [r"% needs \usepackage{booktabs,array,longtable}: taller than half a page, it breaks across pages",
-                 "{" + size, r"\begin{longtable}{" + spec + "}", rf"\caption{{{_tex_escape(caption)}}} \\", *header, r"\endfirsthead",
-                 continued, *header, r"\endhead", r"\bottomrule", r"\endlastfoot", *body, r"\end{longtable}", "}", ""]
+                 "{" + size, r"\begin{longtable}{" + spec + "}", rf"\caption{{{_tex_escape(caption)}}} \\", *header,
+                 r"\endfirsthead", continued, *header, r"\endhead", r"\bottomrule", r"\endlastfoot", *body, r"\end{longtable}",
+                 "}", ""]
     return "\n".join(lines)
 
 
