@@ -263,6 +263,7 @@ def test_the_summary_figure_tells_an_interval_from_a_range_in_its_legend_and_cut
     fig = F.findings(table)
     texts = legend_texts(fig)
     assert any(t.startswith("[a, b]: 95 % t-interval") for t in texts) and any(t.startswith("(runs a to b)") for t in texts)
+    assert len(fig.get_suptitle().splitlines()) == 2
     grid = fig.axes[0]
     assert not any("…" in t.get_text() for t in grid.texts)
     whats = " ".join(" ".join(t.get_text().split()) for t in grid.texts)
