@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -524,8 +525,9 @@ def replicates_not_run(table: pd.DataFrame) -> list[str]:
 
 
 def replicate_columns(table: pd.DataFrame) -> list[str]:
-    """A findings table's replicate columns ("seeds 0,1,2"), not their numbers ("seeds 0,1,2 value")."""
-    return [c for c in table.columns if c.startswith("seeds ") and not c.endswith(tuple(f" {k}" for k in NUMBERS))]
+    """A findings table's replicate columns ("seeds 0,1,2"), not their numbers ("seeds 0,1,2 value") nor
+    "seeds to decide"."""
+    return [c for c in table.columns if re.fullmatch(r"seeds [\d,]+", str(c))]
 
 
 # ----------------------------------------------------------------------------- what the findings read

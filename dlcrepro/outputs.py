@@ -47,7 +47,9 @@ class Output:
 # Said of every figure that draws a line per cell (a figure's caption ends with it).
 PER_CELL = (
     "A thick line is the mean over a cell's runs that finished, a thin line each seed (the title gives the seed "
-    "count); a run that diverged ends in a cross at its last step and stays out of the mean and the axis limits; a "
+    "count); a run that diverged ends in a cross at its last step and stays out of the mean and the axis limits; "
+    "a model's four panels stand in two rows of two; every mark is named in the legend (docs/results.md, "
+    '"Reading the figures"); a '
     "correction has the same colour, line style and marker in every figure (a family shares a colour); hollow "
     "markers without a line are a cell copied from the run it equals (dlcrepro/grid.py), drawn over it and named so "
     "in the legend."
@@ -109,8 +111,8 @@ FIGURES = (
         "Mean absolute numerical discrepancy δ (left) and policy lag λ (right) per step and sampler, in nats per "
         "token, averaged over the sampler's distinct runs that finished (a copied cell once), with the 95 % t-interval "
         "of that mean over runs as a band; a run that diverged ends in a cross and stays out of the "
-        "mean and the axis limits: δ is the engine's rounding and stays roughly flat; λ grows while a stale sampler "
-        "is not synced.",
+        "mean and the axis limits, as does a run off the scale (1,000 times the median run's largest: a triangle on "
+        "the top edge): δ is the engine's rounding and stays roughly flat; λ grows while a stale sampler is not synced.",
     ),
     figure(
         "ess",
@@ -122,12 +124,13 @@ FIGURES = (
         "noise_floor",
         "Deviation from on-policy training per step, dev/floor (3-step moving average, log scale), per correction "
         'and sampler; the grey lines are the noise floor (1×) and the "left the floor" threshold (2×), named in the'
-        " legend. "
+        " legend; the paper's M for a cell is a diamond in the shaded strip right of the last step. "
         + PER_CELL,
     ),
     figure(
         "accuracy",
-        "Test accuracy at the eval steps, per correction and sampler, in the measure the config chooses "
+        "Test accuracy from θ_0's (step 0) through the eval steps, every panel over the same steps, per correction "
+        "and sampler, in the measure the config chooses "
         "(train.eval_on, train.eval_mode, train.eval_samples), which the y-axis and the title name as recorded in "
         "the runs table (e.g. RL-pool accuracy (sampled), 8 answers per problem at temperature 1; held-out accuracy "
         "(greedy) where the test set is held out). "
@@ -135,9 +138,10 @@ FIGURES = (
     ),
     figure(
         "off_support_kl",
-        "The invisible collapse: the trainer-side off-support share (left panels) rises where accuracy collapses, "
-        "while the sampler-side KL on the sampler's own prefixes (right panels) stays in the range of healthy runs "
-        "(F11, F12); the legend marks the corrections that resync. "
+        "The invisible collapse: the trainer-side off-support share (top panels) rises where accuracy collapses, "
+        "while the sampler-side KL on the sampler's own prefixes (bottom panels) stays in the range of healthy runs "
+        "(F11, F12); a run off the KL scale (1,000 times the median run's largest) is a triangle on the top edge; "
+        "the legend marks the corrections that resync. "
         + PER_CELL,
     ),
     figure(
@@ -160,8 +164,9 @@ FIGURES = (
         "finding the paper's value, each replicate's headline number on a green ground where it is seen, red where "
         "contradicted, yellow where undecided (its interval straddles the rule), and the verdict (seen: seen in every "
         "replicate; an agreement only with its whole interval inside the stated margin; seen on one machine: on one "
-        "kind of CPU and not another). Beside it the noise-floor multiples on one log axis: each replicate's mean "
-        "with its 95 % t-interval over seeds "
+        "kind of CPU and not another); each number in its unit, brackets an interval and parentheses the range of "
+        "the runs, as the legend says. Beside it the noise-floor multiples on one log axis: each replicate's mean "
+        "with its interval over seeds "
         "against the paper's value (a red diamond). The title names the commit of the rules and the CPU kind that "
         "computed them (docs/method.md#three-verdicts).",
         reads="findings",

@@ -271,8 +271,7 @@ def plot_scaling(rungs: pd.DataFrame, cells: pd.DataFrame, out: Path, name: str)
     _title(fig, "Noise-floor multiple M − 1 against the batch's response tokens T at a fixed θ (no update); "
                 "the fit M − 1 = b·T through the origin, extrapolated to the paper's batch T*",
            f"points: each rung's M over {'/'.join(map(str, reps)) or 'its'} repetitions, 95 % bootstrap interval; "
-           "line: the fit over the rungs (dashed beyond), band: its 95 % interval; star: the paper's multiple − 1 "
-           "(its own model); triangle: a rung at or below the floor; b per correction: the scaling table")
+           "line: the fit over the rungs (dashed beyond), band: its 95 % interval")  # the marks: the legend, docs/results.md
     _legend(fig, list(dict.fromkeys(cells["correction"])), styles,
             extra=[("fit over the rungs", dict(color="k", lw=1.4)), ("fit extrapolated", dict(color="k", lw=1.0, ls="--")),
                    ("paper's multiple − 1", dict(ls="none", marker="*", ms=10, color="grey", mec="k")),

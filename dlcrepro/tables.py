@@ -251,6 +251,12 @@ def _tex_escape(s: str) -> str:
 TEX_SIZES = ((r"\small", 0.015, 0.035), (r"\footnotesize\setlength{\tabcolsep}{3pt}", 0.0135, 0.018),
              (r"\scriptsize\setlength{\tabcolsep}{2pt}", 0.0115, 0.012),
              (r"\scriptsize\setlength{\tabcolsep}{1pt}", 0.0115, 0.006))
+# a line of each size in pt (article at 10 pt: \small 11, \footnotesize 9.5, \scriptsize 8)
+TEX_LEADING = {r"\small": 11.0, r"\footnotesize": 9.5, r"\scriptsize": 8.0}
+# A table estimated taller than this (in pt; article's text height at 10 pt is ~550 pt) is a longtable,
+# which breaks across pages: a float taller than a page is only a warning ("Float too large") and runs
+# off the page. Half a page, as the estimate counts characters, not the lines TeX breaks.
+TEX_FLOAT_MAX_PT = 275.0
 
 
 def _tex_cells(df: pd.DataFrame) -> dict[str, list[str]]:
@@ -272,9 +278,9 @@ def tex_font(df: pd.DataFrame) -> tuple[str, float, float]:
     return size, per_char, sep * len(words)
 
 
-def tex_column_spec(df: pd.DataFrame) -> str:
-    """Ragged-right paragraph columns that share the text width: each gets at least its longest
-    word, the rest of the width in proportion to its longest cell (at most 60 characters counted)."""
+def tex_column_widths(df: pd.DataFrame) -> list[float]:
+    """Each column's share of the text width: at least its longest word, the rest of the width in
+    proportion to its longest cell (at most 60 characters counted)."""
     cells = _tex_cells(df)
     _, per_char, separations = tex_font(df)
     free = 1.0 - separations
@@ -285,19 +291,47 @@ def tex_column_spec(df: pd.DataFrame) -> str:
     total = sum(extra.values()) or 1.0
     widths = {c: base[c] + (rest * extra[c] / total if sum(extra.values()) > rest else extra[c]) for c in df.columns}
     squeeze = min(1.0, free / sum(widths.values()))  # words too long even in the smallest size: a word may stick out
-    return "".join(r">{\raggedright\arraybackslash}p{" + f"{w * squeeze:.3f}" + r"\linewidth}" for w in widths.values())
+    return [w * squeeze for w in widths.values()]
+
+
+def tex_column_spec(df: pd.DataFrame) -> str:
+    """Ragged-right paragraph columns that share the text width (`tex_column_widths`)."""
+    return "".join(r">{\raggedright\arraybackslash}p{" + f"{w:.3f}" + r"\linewidth}" for w in tex_column_widths(df))
+
+
+def tex_height(df: pd.DataFrame, caption: str = "") -> float:
+    """The table's estimated height in pt at its type size (`tex_font`): the caption's lines, then per
+    row (the header first) its tallest cell's lines, its characters over its column's
+    (`tex_column_widths`), and the rules' space."""
+    size, per_char, _ = tex_font(df)
+    leading = TEX_LEADING[size.split("\\setlength")[0]]
+    widths, cells = tex_column_widths(df), _tex_cells(df)
+
+    def lines(texts: list[str], shares: list[float]) -> int:
+        return max(math.ceil(len(t) * per_char / max(w, per_char)) for t, w in zip(texts, shares))
+
+    rows = [[cells[c][i] for c in df.columns] for i in range(len(df) + 1)]
+    return leading * (lines([caption], [1.0]) + sum(lines(r, widths) for r in rows) + 4)
 
 
 def to_tex(df: pd.DataFrame, caption: str) -> str:
-    r"""A booktabs table in \small that fits the text width (`tex_column_spec`); it needs
-    \usepackage{booktabs,array} and compiles with pdflatex."""
+    r"""A booktabs table that fits the text width (`tex_column_spec`) and a page's height: a float
+    where its estimated height (`tex_height`) is at most TEX_FLOAT_MAX_PT, else a longtable whose
+    header repeats on each page. It needs \usepackage{booktabs,array,longtable} and compiles with pdflatex."""
     cols = list(df.columns)
-    lines = [r"% needs \usepackage{booktabs,array}", r"\begin{table}[t]", r"\centering", tex_font(df)[0],
-             rf"\caption{{{_tex_escape(caption)}}}", r"\begin{tabular}{" + tex_column_spec(df) + "}", r"\toprule",
-             " & ".join(_tex_escape(str(c)) for c in cols) + r" \\", r"\midrule"]
-    for _, r in df.iterrows():
-        lines.append(" & ".join(_tex_escape(_fmt(v)) for v in r) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
+    size, spec = tex_font(df)[0], tex_column_spec(df)
+    header = [r"\toprule", " & ".join(_tex_escape(str(c)) for c in cols) + r" \\", r"\midrule"]
+    body = [" & ".join(_tex_escape(_fmt(v)) for v in r) + r" \\" for _, r in df.iterrows()]
+    if tex_height(df, caption) <= TEX_FLOAT_MAX_PT:
+        lines = [r"% needs \usepackage{booktabs,array}", r"\begin{table}[t]", r"\centering", size,
+                 rf"\caption{{{_tex_escape(caption)}}}", r"\begin{tabular}{" + spec + "}", *header, *body, r"\bottomrule",
+                 r"\end{tabular}", r"\end{table}", ""]
+    else:
+        continued = rf"\multicolumn{{{len(cols)}}}{{@{{}}l}}{{\emph{{(continued)}}}} \\"
+        lines = [r"% needs \usepackage{booktabs,array,longtable}: taller than half a page, it breaks across pages",
+                 "{" + size, r"\begin{longtable}{" + spec + "}", rf"\caption{{{_tex_escape(caption)}}} \\", *header,
+                 r"\endfirsthead", continued, *header, r"\endhead", r"\bottomrule", r"\endlastfoot", *body, r"\end{longtable}",
+                 "}", ""]
     return "\n".join(lines)
 
 

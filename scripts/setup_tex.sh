@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # TeX for tests/test_tables_tex.py, which compiles every table's .tex with pdflatex: Debian's
-# texlive-latex-base (pdflatex, the array package) and texlive-latex-recommended (booktabs), with
+# texlive-latex-base (pdflatex, the array and longtable packages) and texlive-latex-recommended (booktabs), with
 # no recommended extras (~40 MB installed). Does nothing where pdflatex is already on the PATH.
 # Needs root or sudo for apt-get; otherwise it says what to install and exits 1.
 set -euo pipefail
-if command -v pdflatex >/dev/null && kpsewhich booktabs.sty >/dev/null && kpsewhich array.sty >/dev/null; then
+if command -v pdflatex >/dev/null && kpsewhich booktabs.sty >/dev/null && kpsewhich array.sty >/dev/null && kpsewhich longtable.sty >/dev/null; then
     exit 0
 fi
 PACKAGES=(texlive-latex-base texlive-latex-recommended)

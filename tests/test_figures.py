@@ -1,10 +1,12 @@
 """Figures that read alone, checked on the matplotlib Figure objects (not pixels): a style per
-correction, copies named, the seed count in the title, reference lines labelled, the legend beside
-the panels, the accuracy's measure on its axis."""
+correction, copies named, the seed count in a caption of at most two lines, every mark and reference
+line named in the legend, the legend beside the panels, the accuracy's measure on its axis, panels
+that read at a page's width (two across), axes that a blown-up run does not set."""
 
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
+from matplotlib.text import Text
 
 from dlcrepro import analysis as A
 from dlcrepro import figures as F
@@ -79,7 +81,7 @@ def test_a_copied_cell_is_named_in_the_legend_and_drawn_hollow_over_its_source()
     assert "ppo (= pg)" in texts  # a copy under every sampler it ran under
     assert "dlc (= is_center under bf16)" in texts  # under stale it is a run of its own
     assert "pg" in texts and "is_center" in texts
-    assert "hollow markers" in title(fig)
+    assert F.COPY_MARK[0] in texts  # the hollow markers, named in the legend
     bf16 = fig.axes[0]
     hollow = [ln for ln in bf16.get_lines() if ln.get_markerfacecolor() == "none"]
     assert len(hollow) == 2  # ppo and dlc, drawn after (over) pg and is_center
@@ -95,7 +97,7 @@ def thin_lines(ax) -> list:
 def test_the_title_states_the_seed_count_and_every_seed_is_a_thin_line():
     steps, runs = study([("bf16", "pg"), ("stale", "is")], seeds=(0, 1, 2))
     fig = F.noise_floor(steps, runs)
-    assert "mean over the finished runs of 3 seeds per cell, thin lines: each seed" in title(fig)
+    assert "mean of the finished runs (3 seeds per cell), thin lines: each seed" in title(fig)
     assert "band" not in title(fig) and not any(ax.collections for ax in fig.axes)  # no min–max shading
     assert all(len(thin_lines(ax)) == 3 for ax in fig.axes)
     one, runs1 = study([("bf16", "pg")], seeds=(0,))
@@ -116,7 +118,7 @@ def test_a_diverged_run_ends_in_a_cross_and_moves_neither_the_mean_nor_the_axis(
     assert ax.get_ylim()[1] < 1e3  # the blown-up step sets no axis limit
     mean = next(ln for ln in ax.get_lines() if ln.get_linewidth() == 1.4)
     assert max(mean.get_ydata()) < 10  # nor the mean
-    assert "× a diverged run" in title(fig)
+    assert F.DIVERGED_MARK[0] in legend_texts(fig) and "no run diverged" not in title(fig)
 
 
 def test_a_run_that_diverged_before_its_first_eval_keeps_a_cross_at_its_step_on_the_bottom_edge():
@@ -138,7 +140,7 @@ def test_a_run_that_diverged_before_its_first_eval_keeps_a_cross_at_its_step_on_
     fig.canvas.draw()
     assert ax.get_xlim()[0] < 2.0 < ax.get_xlim()[1]  # seen, though the panel's first eval is at step 3
     assert "ppo_multi" in legend_texts(fig)
-    assert "bottom edge" in title(fig)
+    assert F.UNMEASURED_MARK[0] in legend_texts(fig)
 
 
 def test_the_papers_values_are_marked_where_a_figure_shows_what_it_reports():
@@ -169,6 +171,68 @@ def test_the_summary_figure_sets_each_finding_beside_the_paper():
     assert "[" not in r and "(runs " in r
 
 
+def test_the_papers_multiples_stand_right_of_the_data_and_their_labels_do_not_overprint():
+    """The stale panel's six paper values (1.9, 2.1, 2.6, 32, 115, 699): diamonds and labels in a strip
+    right of the last step, where no line runs, the labels of 1.9, 2.1 and 2.6 spread apart."""
+    cells = [(s, c) for s in ("bf16", "stale") for c in ("pg", "center", "is", "is_center", "ppo_multi", "dlc", "is_resync")]
+    steps, runs = study(cells, seeds=(0, 1))
+    fig = F.noise_floor(steps, runs)
+    fig.canvas.draw()
+    ax = next(a for a in fig.axes if a.get_title().endswith("/ stale"))
+    last = steps["step"].max()
+    diamonds = [ln for ln in ax.get_lines() if ln.get_marker() == "D"]
+    assert len(diamonds) == 6 and all(ln.get_xdata()[0] > last for ln in diamonds)
+    assert all(max(ln.get_xdata()) <= last for ln in ax.get_lines() if ln.get_marker() not in ("D", "None", ""))
+    labels = [t for t in ax.texts if t.get_text().endswith("×")]
+    boxes = [Text.get_window_extent(t) for t in labels]  # the words alone, not a moved label's leader
+    assert len(labels) == 6 and not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    data_right = ax.transData.transform((last, 1.0))[0]
+    assert all(b.x0 > data_right for b in boxes)  # none over the data
+    assert all(t <= last for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1])  # no step ticks in the strip
+
+
+def test_the_accuracy_starts_at_step_0_and_every_panel_spans_the_same_steps():
+    steps, runs = study([("bf16", "pg"), ("stale", "pg"), ("stale", "is")], seeds=(0, 1))
+    steps["test_accuracy"] = steps["test_accuracy"].where(steps["step"] >= 2)
+    runs["initial_test_accuracy"] = 0.25
+    stale_is = (steps["sampler"] == "stale") & (steps["correction"] == "is")
+    steps.loc[stale_is & (steps["step"] == 4), "test_accuracy"] = NAN  # this panel's last eval is at step 3
+    fig = F.accuracy(steps, runs)
+    fig.canvas.draw()
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    left, right = panels[0].get_xlim()
+    assert len({ax.get_xlim() for ax in panels}) == 1 and left <= 0 and right >= 4
+    means = [ln for ax in panels for ln in ax.get_lines() if ln.get_linewidth() == 1.4]
+    assert all(ln.get_xdata()[0] == 0 and ln.get_ydata()[0] == 0.25 for ln in means)  # θ_0's accuracy at step 0
+
+
+def test_a_blown_up_run_sets_neither_the_kl_nor_the_lag_axis_and_is_marked_off_the_scale():
+    """The zoo's gspo reached a KL of 10^8 and a lag of 10^6 nats/token without diverging: out of the
+    means and the axes, marked by a triangle on the top edge where it leaves the scale."""
+    steps, runs = study([("stale", "pg"), ("stale", "is")], seeds=(0, 1, 2))
+    steps["kl_sampler"] = 0.1 * steps["step"]
+    blown = (steps["correction"] == "is") & (steps["seed"] == 2) & (steps["step"] >= 3)
+    steps.loc[blown, ["kl_sampler", "lag_mean_abs"]] = 1e8
+    for fig, y_label in ((F.off_support_kl(steps, runs), "nats/token"), (F.mismatch(steps, runs), "|lag λ|")):
+        ax = next(a for a in fig.axes if y_label in a.get_ylabel())
+        assert ax.get_ylim()[1] < 1e3, y_label
+        top = [a for a in ax.get_children() if isinstance(a, F.Line2D) and a.get_marker() == "^"]
+        assert len(top) == 1 and list(top[0].get_xdata()) == [3] and list(top[0].get_ydata()) == [1.0]
+        assert F.OFF_SCALE_MARK[0] in legend_texts(fig)
+    assert F.off_scale_runs(steps.loc[steps["correction"] == "pg"], "kl_sampler") == frozenset()  # none blown up: none off
+
+
+def test_the_learning_figure_names_the_accuracy_by_what_the_config_measured():
+    steps, runs = study([("bf16", "pg")], seeds=(0, 1))
+    runs["initial_accuracy_sampled"], runs["initial_accuracy_greedy"] = 0.2, 0.1
+    test = F.learning(steps.assign(heldout_accuracy_greedy=NAN), runs.assign(eval_on="test"))
+    texts = [t.get_text() for ax in test.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert "held-out accuracy (sampled)" in texts and not any("RL-pool" in t for t in texts)
+    pool = F.learning(steps, runs.assign(eval_on="pool"))
+    texts = [t.get_text() for ax in pool.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert {"RL-pool accuracy (sampled)", "RL-pool accuracy (greedy)", "held-out accuracy (greedy)"} <= set(texts)
+
+
 def test_the_summary_figure_brackets_only_intervals():
     row = pd.Series({"seeds 0 value": 30.0, "seeds 0 low": 20.0, "seeds 0 high": 40.0, "seeds 0": "✓ x",
                      "unit": "points of pool accuracy gained (mean, smallest and largest run)"})
@@ -178,11 +242,63 @@ def test_the_summary_figure_brackets_only_intervals():
     assert F._headline(interval, "seeds 0") == "30× [20, 40×]"
 
 
+def test_every_headline_number_carries_its_unit():
+    from dlcrepro import findings as FD
+
+    for f in FD.FINDINGS:
+        row = pd.Series({"seeds 0 value": 0.5, "seeds 0 low": NAN, "seeds 0 high": NAN, "seeds 0": "✓ x", "unit": f.unit})
+        text = F._headline(row, "seeds 0")
+        assert text not in ("0.5", "+0.5"), (f.id, text)
+        assert any(text.startswith(fmt(0.5)) and text.endswith(words) for start, fmt, words in F.HEADLINE_UNITS
+                   if f.unit.startswith(start)), (f.id, f.unit, text)
+
+
+def test_the_summary_figure_tells_an_interval_from_a_range_in_its_legend_and_cuts_no_text():
+    from dlcrepro import findings as FD
+
+    steps, runs = study([("bf16", "pg"), ("fp8", "pg"), ("fp8", "center"), ("stale", "is"), ("stale", "dlc")], seeds=(0, 1, 2, 3))
+    runs["initial_test_accuracy"], runs["resync_steps"] = 0.1, "[]"
+    table = FD.findings_table(steps, runs, [[0, 1], [2, 3]], n_boot=50)
+    assert FD.replicate_columns(table) == ["seeds 0,1", "seeds 2,3"]  # not "seeds to decide"
+    fig = F.findings(table)
+    texts = legend_texts(fig)
+    assert any(t.startswith("[a, b]: 95 % t-interval") for t in texts) and any(t.startswith("(runs a to b)") for t in texts)
+    assert len(fig.get_suptitle().splitlines()) == 2
+    grid = fig.axes[0]
+    assert not any("…" in t.get_text() for t in grid.texts)
+    whats = " ".join(" ".join(t.get_text().split()) for t in grid.texts)
+    assert all(f"{f.id}: {f.what}" in whats for f in FD.FINDINGS)  # each finding's words whole, wrapped at most
+    old = table.drop(columns=["seeds to decide"], errors="ignore").assign(rules="69b9542")
+    assert any("percentile bootstrap" in t and "69b9542" in t for t in legend_texts(F.findings(old)))
+
+
 @pytest.mark.parametrize("name", list(F.FIGURES))
 def test_every_figure_has_a_title_with_its_seed_count(name):
     steps, runs = study([("bf16", "pg"), ("stale", "is"), ("stale", "dlc")], seeds=(0, 1))
     fig = F.FIGURES[name](steps, runs)
     assert "2 seeds" in title(fig) and len(fig.get_suptitle().splitlines()) >= 2  # what; then how
+
+
+@pytest.mark.parametrize("name", list(F.FIGURES))
+def test_every_caption_is_at_most_two_lines_on_the_grid_with_every_correction_and_divergences(name):
+    """What is plotted, then how, each one line at the figure's width; the marks are in the legend and
+    the rest in docs/results.md (F.READING): a four-line caption over a strip does not read on a page."""
+    cells = [(s, c) for s in ("bf16", "fp8", "stale", "fp8_stale") for c in CORRECTION_INFO]
+    steps, runs = study(cells, seeds=(0, 1, 2), copies={(s, "ppo"): "pg" for s in ("bf16", "fp8", "stale", "fp8_stale")})
+    runs["diverged_at_step"] = [3.0 if (c, k) == ("ppo_multi", 1) else NAN for c, k in zip(runs["correction"], runs["seed"])]
+    fig = F.FIGURES[name](steps, runs)
+    assert len(fig.get_suptitle().splitlines()) == 2, fig.get_suptitle()
+
+
+@pytest.mark.parametrize("name", ["noise_floor", "accuracy", "off_support_kl", "off_support_drop", "learning"])
+def test_four_panels_of_a_model_are_two_rows_of_two_not_a_strip(name):
+    """A 1 × 4 strip (2,197 × 431 px) is unreadable at a page's width: two panels across."""
+    steps, runs = study([(s, c) for s in ("bf16", "fp8", "stale", "fp8_stale") for c in ("pg", "is")], seeds=(0, 1))
+    fig = F.FIGURES[name](steps, runs)
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.get_subplotspec() is not None]
+    assert len(panels) == 4
+    assert len({ax.get_subplotspec().colspan.start for ax in panels}) == 2
+    assert len({ax.get_subplotspec().rowspan.start for ax in panels}) == 2
 
 
 def test_reference_lines_are_labelled_in_the_legend():
@@ -197,12 +313,13 @@ def test_reference_lines_are_labelled_in_the_legend():
 def test_the_legend_sits_beside_the_panels_not_over_them():
     cells = [(s, c) for s in ("bf16", "fp8", "stale", "fp8_stale") for c in CORRECTION_INFO]
     steps, runs = study(cells)
-    for f in (F.noise_floor, F.accuracy, F.ess):
+    for f in (F.noise_floor, F.accuracy, F.ess, F.off_support_kl):
         fig = f(steps, runs)
         fig.canvas.draw()
         (leg,) = fig.legends
         box = leg.get_window_extent()
-        assert not any(box.overlaps(ax.get_window_extent()) for ax in fig.axes), f.__name__
+        assert not any(box.overlaps(ax.get_window_extent()) for ax in fig.axes if ax.get_visible()), f.__name__
+        assert not box.overlaps(fig._suptitle.get_window_extent()), f.__name__  # nor its title on the caption
         assert not any(ax.get_legend() for ax in fig.axes)
 
 

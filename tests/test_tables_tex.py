@@ -1,7 +1,9 @@
-"""Every table's .tex compiles with pdflatex and booktabs, within the text width: the symbols the
-tables hold (✓, ✗, δ, λ, ±, <, †, ...) in math mode or escaped, long columns as ragged paragraphs.
-TeX comes from Debian's texlive-latex-base and texlive-latex-recommended (scripts/setup_tex.sh, run
-by scripts/setup.sh); without pdflatex this test fails, naming the script."""
+"""Every table's .tex compiles with pdflatex and booktabs, within the text width and a page's height:
+the symbols the tables hold (✓, ✗, δ, λ, ±, <, †, ...) in math mode or escaped, long columns as
+ragged paragraphs, a table taller than half a page as a longtable that breaks across pages (pdflatex
+only warns of a float taller than a page: "Float too large", read from its log). TeX comes from
+Debian's texlive-latex-base (pdflatex, array, longtable) and texlive-latex-recommended (booktabs)
+(scripts/setup_tex.sh, run by scripts/setup.sh); without pdflatex this test fails, naming the script."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from dlcrepro import tables as T
 NAN = math.nan
 PREAMBLE = r"""\documentclass{article}
 \usepackage[T1]{fontenc}
-\usepackage{booktabs,array}
+\usepackage{booktabs,array,longtable}
 \begin{document}
 """
 
@@ -46,6 +48,15 @@ def compile_tex(table: Path, workdir: Path) -> str:
 
 def overfull_points(log: str) -> list[float]:
     return [float(x) for x in re.findall(r"Overfull \\hbox \((\d+(?:\.\d+)?)pt too wide\)", log)]
+
+
+def pages(log: str) -> int:
+    return int(re.search(r"Output written on .*?\((\d+) pages?", log, re.DOTALL).group(1))
+
+
+def too_tall(log: str) -> list[str]:
+    """pdflatex's warnings that something is taller than the page: a float, or a box it could not break."""
+    return [ln for ln in log.splitlines() if "Float too large" in ln or ln.startswith("Overfull \\vbox")]
 
 
 def a_study_with_everything() -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -84,6 +95,23 @@ def test_every_table_compiles_and_fits_the_text_width(tmp_path):
         log = compile_tex(table, tmp_path)
         too_wide = [pt for pt in overfull_points(log) if pt > 5]
         assert not too_wide, f"{table.name}: lines wider than the text by {too_wide} pt"
+        assert not too_tall(log), f"{table.name}: taller than a page: {too_tall(log)}"
+
+
+def test_a_table_taller_than_half_a_page_breaks_across_pages_and_a_short_one_stays_a_float(tmp_path):
+    """The zoo's 64 rows (16 corrections x 4 samplers) and the findings' long cells run past a page
+    as floats; as a longtable they break between rows, the header repeated on each page."""
+    long = pd.DataFrame({"correction": [f"row{i}" for i in range(64)], "sampler": "fp8_stale",
+                         "M (mean [95 % CI])": "1.21 [1.01, 1.48] (a cell with some words in it)"})
+    short = long.head(4)
+    assert T.tex_height(long, "a caption") > T.TEX_FLOAT_MAX_PT >= T.tex_height(short, "a caption")
+    for name, df, form, n_pages in (("long", long, r"\begin{longtable}", 2), ("short", short, r"\begin{table}", 1)):
+        path = tmp_path / f"{name}.tex"
+        path.write_text(T.to_tex(df, "a caption"), encoding="utf-8")
+        assert form in path.read_text()
+        log = compile_tex(path, tmp_path)
+        assert not too_tall(log) and pages(log) == n_pages, name
+    assert (tmp_path / "long.tex").read_text().count("row") == 64  # every row, none lost at the break
 
 
 def test_tex_escaping_puts_symbols_in_math_and_refuses_what_it_does_not_know():
@@ -100,3 +128,4 @@ def test_every_committed_table_compiles_within_the_text_width(table, tmp_path):
     log = compile_tex(Path(__file__).parents[1] / table, tmp_path)
     too_wide = [pt for pt in overfull_points(log) if pt > 5]
     assert not too_wide, f"{table}: lines wider than the text by {too_wide} pt"
+    assert not too_tall(log), f"{table}: taller than a page: {too_tall(log)}"
