@@ -13,7 +13,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import (KILL_TRAIN, KILLS, ROOT, SMOKE, check_kill_table, kill_in_a_chain, stopped_after,
+from conftest import (KILL_TRAIN, ROOT, SMOKE, check_kill_table, kill_in_a_chain, kills_through_slurm, stopped_after,
                       wait_for)
 
 from dlcrepro.checkpoint import verified_step
@@ -288,12 +288,14 @@ def test_a_requeued_job_resumes_under_its_job_id_then_killed_at_its_time_limit_i
 
 def test_a_job_killed_at_any_moment_costs_its_retry_at_most_one_checkpoint_interval(slurm_cluster, snakemake_slurm,
                                                                                     warm_outdirs, tmp_path):
-    """The kills of conftest.KILLS through real Slurm jobs, one after another: each killed job fails,
-    snakemake deletes its outputs and submits the retry as a new Slurm job, which recomputes at most
-    `ckpt_every` finished steps, none after the cell's last write; the last ends with the undisturbed
-    run's numbers. Prints docs/faults.md's table."""
+    """Kills of conftest.KILLS_SLURM (all of KILLS with DLCREPRO_ALL_KILLS=1) through real Slurm jobs, one
+    after another: each killed job fails, snakemake deletes its outputs and submits the retry as a new
+    Slurm job with twice the time, which recomputes at most `ckpt_every` finished steps, none after the
+    cell's last write; the last ends with the undisturbed run's numbers. Prints docs/faults.md's table."""
     out, config, shared = warm_outdirs
     cell = out["results_dir"] / "tiny" / "bf16" / "pg" / "seed0"
     cfg = smoke_variant(tmp_path, train=KILL_TRAIN)
-    cmd = slurm_cmd(snakemake_slurm, config, cell / "summary.json", extra=("--retries", str(len(KILLS)), *shared), configfile=cfg)
-    check_kill_table(kill_in_a_chain(cmd, cell, tmp_path))
+    kills = kills_through_slurm()
+    cmd = slurm_cmd(snakemake_slurm, config, cell / "summary.json", extra=("--retries", str(len(kills)), *shared),
+                    configfile=cfg)
+    check_kill_table(kill_in_a_chain(cmd, cell, tmp_path, kills=kills))
