@@ -33,6 +33,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from . import analysis as A  # noqa: E402
 from . import outputs  # noqa: E402
+from . import paper as P  # noqa: E402
 from .intervals import t_interval  # noqa: E402
 from .grid import SAMPLERS  # noqa: E402
 from .registry import CORRECTION_INFO  # noqa: E402
@@ -52,11 +53,11 @@ SAMPLER_COLOURS = dict(zip(SAMPLERS, ("#0072B2", "#56B4E9", "#D55E00", "#CC79A7"
 REFERENCE_LINE = dict(color="0.35", lw=0.9, zorder=1)  # grey: no correction is drawn in grey
 PAPER_COLOUR = "#C00000"  # the paper's values, wherever a panel shows what it reports
 # F2 (Qwen3-1.7B, stale): the empirical lag ESS crosses 1/2 at step 11, its Gaussian prediction at 14
-PAPER_ESS_CROSSINGS = ((11, "-"), (14, "--"))
-PAPER_ESS_LABELS = (("paper: ESS < 1/2 at step 11 (F2)", "-"), ("paper: Gaussian predicts 14 (F2)", "--"))
-# the paper's noise-floor multiples by cell (PAPER.md; tables.PAPER_MULTIPLE has them as text)
-PAPER_M = {("fp8", "pg"): 13.0, ("stale", "center"): 32.0, ("stale", "is_center"): 2.1, ("stale", "ppo_multi"): 699.0,
-           ("stale", "dlc"): 1.9, ("stale", "is"): 115.0, ("stale", "is_resync"): 2.6}
+PAPER_ESS_CROSSINGS = ((P.F2_ESS_CROSSING, "-"), (P.F2_GAUSSIAN_CROSSING, "--"))
+PAPER_ESS_LABELS = ((f"paper: ESS < 1/2 at step {P.F2_ESS_CROSSING} (F2)", "-"),
+                    (f"paper: Gaussian predicts {P.F2_GAUSSIAN_CROSSING} (F2)", "--"))
+# the paper's noise-floor multiples by cell (paper.MULTIPLE)
+PAPER_M = {cell: m.value for cell, m in P.MULTIPLE.items()}
 
 
 @dataclass(frozen=True)
@@ -397,7 +398,7 @@ def ess(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
                            band=False,
                            diverged=diverged_set(runs))
             _reference(ax, A.ESS_HALF, "ESS 1/2", ":")
-            if s == "stale":  # F2, Qwen3-1.7B: the empirical ESS crosses 1/2 at step 11, the Gaussian at 14
+            if s == P.F2_SAMPLER:  # F2, Qwen3-1.7B: the empirical ESS crosses 1/2 at step 11, the Gaussian at 14
                 for step, ls in PAPER_ESS_CROSSINGS:
                     ax.axvline(step, ls=ls, color=PAPER_COLOUR, lw=1.0, zorder=1)
             ax.set(title=f"{m} / {s}", xlabel="step", ylabel="lag ESS (normalised)", ylim=(0, 1.05))
@@ -462,7 +463,8 @@ def accuracy(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     _tidy(axes, shared_y=True)
     notes = copy_labels(runs, samplers)
     paper = ("" if name.startswith("held-out") else
-             "; the paper's accuracies (46.5 %, 12.2 %, 32.0 %) are held-out test accuracies of Qwen3, another measure: "
+             f"; the paper's accuracies ({', '.join(P.pct(a) for a, _ in P.ACCURACY.values())})"
+             " are held-out test accuracies of Qwen3, another measure: "
              "not drawn")
     _title(fig, f"{measure}, at the eval steps", f"{over_seeds(d, runs=runs, shown=steps)}{_copy_note(notes)}{paper}")
     _legend(fig, steps["correction"].unique(), styles, notes)

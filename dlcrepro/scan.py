@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 
 import math
-import re
 import time
 from pathlib import Path
 
@@ -36,7 +35,8 @@ import yaml
 
 from . import paths
 from .registry import updates_per_batch
-from .tables import PAPER_MULTIPLE, _ci_text, _fmt, write_table
+from . import paper as P
+from .tables import _ci_text, _fmt, write_table
 from .util import atomic_save, atomic_write_text, log
 
 KEY = ["model", "theta", "sampler", "correction"]  # one fit per key
@@ -150,12 +150,6 @@ def paper_batch_tokens(response_tokens: float | None = None, config: Path = PAPE
                     f"({_fmt(length)} tokens per response {how})")
 
 
-def paper_value(text: str) -> float:
-    """The multiple a PAPER_MULTIPLE entry states ("13x (F3)" → 13.0); NaN for a bound ("<=2x")."""
-    m = re.match(r"\s*(\d+(?:\.\d+)?)x", text or "")
-    return float(m.group(1)) if m else math.nan
-
-
 def fit_cells(raw: pd.DataFrame, t_star: float, n_boot: int = 2000, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(rungs, cells) from the raw per-repetition rows: one row per rung with T, M, its interval and
     residual; one row per KEY with β̂, its interval, the extrapolated multiple and the paper's."""
@@ -171,10 +165,12 @@ def fit_cells(raw: pd.DataFrame, t_star: float, n_boot: int = 2000, seed: int = 
                 "tokens": float(f["tokens"][i]), "multiple": float(f["multiple"][i]), "multiple_low": float(f["multiple_low"][i]),
                 "multiple_high": float(f["multiple_high"][i]), "residual": float(f["residual"][i]),
             })
-        paper = PAPER_MULTIPLE.get((ident["sampler"], ident["correction"]), "")
+        cell = (ident["sampler"], ident["correction"])
+        paper = P.multiple_text(cell)
         cell_rows.append(ident | {k: f[k] for k in ("beta", "beta_low", "beta_high", "t_star", "multiple_at_t_star",
                                                     "multiple_at_t_star_low", "multiple_at_t_star_high")}
-                         | {"rungs": len(by), "n_boot": n_boot, "paper": paper, "paper_value": paper_value(paper)})
+                         | {"rungs": len(by), "n_boot": n_boot, "paper": paper,
+                            "paper_value": P.MULTIPLE[cell].point if cell in P.MULTIPLE else math.nan})
     return pd.DataFrame(rung_rows), pd.DataFrame(cell_rows)
 
 

@@ -12,30 +12,21 @@ import pandas as pd
 
 from . import analysis as A
 from . import outputs
+from . import paper as P
 from .findings import across_machines, findings_from_input, findings_input, replicates_not_run
 from .intervals import apart
 from .util import DamagedFileError, atomic_write_text
 
-# PAPER.md's numbers by cell. The paper does not say which model F3–F7 and F10 refer to, so they
-# stand beside every model's cell; F8's 1.9x is Qwen3-0.6B's.
-PAPER_MULTIPLE = {
-    ("fp8", "pg"): "13x (F3)",
-    ("stale", "center"): "32x (F5)",
-    ("stale", "is_center"): "2.1x (F6)",
-    ("stale", "ppo_multi"): "699x (F7)",  # the paper's PPO read as 4 SGD steps per batch (findings.PAPER_PPO); `ppo` is pg's copy
-    ("stale", "dlc"): "<=2x; 0.6B: 1.9x (F8)",
-    ("stale", "is"): "115x (F10)",
-    ("stale", "is_resync"): "2.6x (F10)",
+# The paper's numbers beside ours, as text, from paper.py (their one home). The paper does not say
+# which model F3–F7 and F10 refer to, so they stand beside every model's cell; F8's 1.9x is Qwen3-0.6B's.
+PAPER_ESS = (f"{P.F2_MODEL}: ESS {P.F2_ESS_CROSSING}, Gaussian {P.F2_GAUSSIAN_CROSSING}, "
+             f"IS leaves floor {P.F2_IS_LEAVES_FLOOR} (F2)")  # beside F2's sampler's rows
+PAPER_RESYNC = f"{P.F9_MODEL}: {', '.join(map(str, P.F9_RESYNC_STEPS))} (F9)"  # beside F9's cell's runs
+PAPER_OFF_SUPPORT = {
+    "without": f"~{100 * P.F11_AT_COLLAPSE:.0f} % at collapse, <={100 * P.F11_BEFORE_AT_MOST:.0f} % before (F11)",
+    "with": f"<={100 * P.F11_WITH_RESYNC_AT_MOST:.0f} % through step {P.F11_THROUGH_STEP} (F11)",
 }
-PAPER_ACCURACY = {
-    ("fp8", "center"): "46.5 % (F4)",
-    ("stale", "center"): "12.2 % (F5)",
-    ("stale", "is_center"): "32.0 % (F6)",
-}
-PAPER_ESS = {("stale",): "1.7B: ESS 11, Gaussian 14, IS leaves floor 11 (F2)"}
-PAPER_RESYNC = {("stale", "dlc"): "1.7B: 20, 35, 36 (F9)"}
-PAPER_OFF_SUPPORT = {"without": "~90 % at collapse, <=14 % before (F11)", "with": "<=11 % through step 40 (F11)"}
-PAPER_SPEARMAN = {"off_support": "0.80 (F13)", "noise_floor_multiple": "0.74 (F13)"}
+PAPER_SPEARMAN = {m: f"{rho:.2f} (F13)" for m, rho in P.F13_RHO.items()}
 
 
 def _fmt(x, digits=3):
@@ -74,7 +65,7 @@ def noise_floor_table(steps: pd.DataFrame, pr: pd.DataFrame) -> pd.DataFrame:
     s["M (mean [95 % CI])"] = [_marked(_ci_text(m, lo, hi, M_MARGINS), d)
                                for m, lo, hi, d in zip(s["mean"], s["ci_low"], s["ci_high"], s["diverged"])]
     s["runs with a multiple"] = [f"{v}/{n}" for v, n in zip(s["n_valid"], s["n_runs"])]
-    s["paper"] = [PAPER_MULTIPLE.get((a, b), "") for a, b in zip(s["sampler"], s["correction"])]
+    s["paper"] = [P.multiple_text((a, b)) for a, b in zip(s["sampler"], s["correction"])]
     shown = ["M (mean [95 % CI])", "runs with a multiple", "probe_steps", "probed_steps", "diverged", "paper"]
     return s[A.CELL + shown + ["mean", "ci_low", "ci_high"]]
 
@@ -102,7 +93,7 @@ def accuracy_table(pr: pd.DataFrame, name: str = "test accuracy", heldout: pd.Da
         s[f"{A.HELDOUT_GREEDY}, final (mean [95 % CI])"] = [_ci_text(m, lo, hi)
                                                              for m, lo, hi in zip(h1["mean"], h1["ci_low"], h1["ci_high"])]
         shown += [f"{A.HELDOUT_GREEDY} at step 0", f"{A.HELDOUT_GREEDY}, final (mean [95 % CI])"]
-    s["paper"] = [PAPER_ACCURACY.get((a, b), "") for a, b in zip(s["sampler"], s["correction"])]
+    s["paper"] = [P.accuracy_text((a, b)) for a, b in zip(s["sampler"], s["correction"])]
     return s[A.CELL + shown + ["paper", "mean", "ci_low", "ci_high"]]
 
 
@@ -120,7 +111,7 @@ def ess_crossing_table(pr: pd.DataFrame, correction: str = "is") -> pd.DataFrame
             f"{correction} leaves the floor (per seed)": lst("leave_floor_step"),
             "diverged (per seed)": ", ".join(f"{DIVERGED_MARK} at step {int(v)}" if v == v else "no"
                                              for v in g["diverged_at_step"]),
-            "paper": PAPER_ESS.get((sampler,), ""),
+            "paper": PAPER_ESS if sampler == P.F2_SAMPLER else "",
         })
     return pd.DataFrame(rows)
 
@@ -130,7 +121,7 @@ def resync_table(pr: pd.DataFrame) -> pd.DataFrame:
     out = d[A.RUN].copy()
     out["resync steps"] = [", ".join(map(str, json.loads(s))) or "none" for s in d["resync_steps"]]
     out["diverged"] = [f"{DIVERGED_MARK} at step {int(v)}" if v == v else "no" for v in d["diverged_at_step"]]
-    out["paper"] = [PAPER_RESYNC.get((s, c), "") for s, c in zip(d["sampler"], d["correction"])]
+    out["paper"] = [PAPER_RESYNC if (s, c) == P.F9_CELL else "" for s, c in zip(d["sampler"], d["correction"])]
     return out
 
 
