@@ -35,11 +35,11 @@ from . import analysis as A  # noqa: E402
 from . import outputs  # noqa: E402
 from . import paper as P  # noqa: E402
 from .intervals import t_interval  # noqa: E402
-from .grid import SAMPLERS  # noqa: E402
+from .grid import SAMPLERS, lagged_samplers  # noqa: E402
 from .registry import CORRECTION_INFO  # noqa: E402
 from .util import atomic_save  # noqa: E402
 
-LAGGED = ("stale", "fp8_stale")
+LAGGED = lagged_samplers()
 
 # ----------------------------------------------------------------------------- styles
 
@@ -49,7 +49,7 @@ FAMILY_COLOURS = ("#0072B2", "#009E73", "#E69F00", "#D62728", "#9467BD", "#8C564
 # a family's members, in registry order: solid, dashed, dotted, dash-dot, ... and a marker each
 MEMBER_LINESTYLES = ("-", (0, (5, 2)), (0, (1, 1.2)), (0, (6, 2, 1, 2)), (0, (3, 1, 1, 1, 1, 1)), (0, (8, 3)))
 MEMBER_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
-SAMPLER_COLOURS = dict(zip(SAMPLERS, ("#0072B2", "#56B4E9", "#D55E00", "#CC79A7")))
+SAMPLER_COLOURS = {name: s.colour for name, s in SAMPLERS.items()}
 REFERENCE_LINE = dict(color="0.35", lw=0.9, zorder=1)  # grey: no correction is drawn in grey
 PAPER_COLOUR = "#C00000"  # the paper's values, wherever a panel shows what it reports
 # F2 (Qwen3-1.7B, stale): the empirical lag ESS crosses 1/2 at step 11, its Gaussian prediction at 14
@@ -382,7 +382,7 @@ def ess(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     """Lag ESS of the fresh batch (thick) and its Gaussian prediction (thin) under lagged samplers, with the 1/2 line."""
     d = steps.loc[steps["sampler"].isin(LAGGED)].assign(ess_seen=lambda x: A.lag_ess_seen(x))
     if d.empty:
-        return _absent("ess", "no run under a lagged sampler (stale, fp8_stale)")
+        return _absent("ess", f"no run under a lagged sampler ({', '.join(LAGGED)})")
     styles = correction_styles(d["correction"].unique())
     models, samplers = sorted(d["model"].unique()), [s for s in LAGGED if s in set(d["sampler"])]
     every = max(1, d["step"].nunique() // 10)
@@ -475,7 +475,7 @@ def off_support_kl(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Fig
     """Off-support share (trainer side) beside kl_sampler (what a sampler-side monitor sees), lagged samplers."""
     d = steps.loc[steps["sampler"].isin(LAGGED)].copy()
     if d.empty:
-        return _absent("off_support_kl", "no run under a lagged sampler (stale, fp8_stale)")
+        return _absent("off_support_kl", f"no run under a lagged sampler ({', '.join(LAGGED)})")
     styles = correction_styles(d["correction"].unique())
     models, samplers = sorted(d["model"].unique()), [s for s in LAGGED if s in set(d["sampler"])]
     fig, axes = _panels(len(models), 2 * len(samplers))

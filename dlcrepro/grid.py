@@ -13,7 +13,7 @@ tests/test_grid.py runs both cells of each pair and checks that their metrics ar
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
 from .registry import UnknownNameError, updates_per_batch
@@ -22,14 +22,30 @@ if TYPE_CHECKING:
     from .config import TrainConfig
 
 
+# The on-policy probes and the evaluations sample from an engine of this precision, synced to θ_t.
+PROBE_PRECISION = "bf16"
+
+
 @dataclass(frozen=True)
 class Sampler:
-    """A sampler of the grid: an engine precision and a sync schedule."""
+    """A sampler of the grid: an engine precision, a sync schedule, and its colour in the figures."""
 
     name: str
     precision: str
     # True: synced to θ_t before every step; False: every `sync_every` steps.
     always_synced: bool
+    colour: str = ""  # in every figure that draws samplers; "" takes the next of SPARE_COLOURS when registered
+
+    @property
+    def lagged(self) -> bool:
+        """Whether the trainer runs ahead of it (θ_s ≠ θ_t between syncs): the lag figures and tables are its."""
+        return not self.always_synced
+
+    @property
+    def is_probe_engine(self) -> bool:
+        """Whether its engine is also the run's probe engine (PROBE_PRECISION, synced before every
+        step), so that a run under it starts one engine rather than two."""
+        return self.precision == PROBE_PRECISION and self.always_synced
 
     def due(self, step: int, sync_every: int) -> bool:
         """Whether the engine is synced to θ_t before sampling step `step` (0-based)."""
@@ -43,20 +59,31 @@ class Sampler:
 
 
 SAMPLERS: dict[str, Sampler] = {}
+# colour-blind-safe colours for a sampler registered without one, none of them black or grey
+SPARE_COLOURS = ("#009E73", "#E69F00", "#F0E442", "#9467BD", "#8C564B", "#17BECF")
 
 
 def register_sampler(s: Sampler) -> Sampler:
+    if not s.colour:
+        taken = {t.colour for t in SAMPLERS.values()}
+        spare = [c for c in SPARE_COLOURS if c not in taken] or SPARE_COLOURS
+        s = replace(s, colour=spare[len(SAMPLERS) % len(spare)] if spare is SPARE_COLOURS else spare[0])
     SAMPLERS[s.name] = s
     return s
 
 
 for _s in (
-    Sampler("bf16", "bf16", True),
-    Sampler("fp8", "fp8", True),
-    Sampler("stale", "bf16", False),
-    Sampler("fp8_stale", "fp8", False),
+    Sampler("bf16", "bf16", True, "#0072B2"),
+    Sampler("fp8", "fp8", True, "#56B4E9"),
+    Sampler("stale", "bf16", False, "#D55E00"),
+    Sampler("fp8_stale", "fp8", False, "#CC79A7"),
 ):
     register_sampler(_s)
+
+
+def lagged_samplers() -> tuple[str, ...]:
+    """The registered samplers the trainer runs ahead of, in registry order."""
+    return tuple(s.name for s in SAMPLERS.values() if s.lagged)
 
 
 def get_sampler(name: str) -> Sampler:

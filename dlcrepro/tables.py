@@ -14,6 +14,7 @@ from . import analysis as A
 from . import outputs
 from . import paper as P
 from .findings import across_machines, findings_from_input, findings_input, replicates_not_run
+from .grid import lagged_samplers
 from .intervals import apart
 from .util import DamagedFileError, atomic_write_text
 
@@ -99,7 +100,7 @@ def accuracy_table(pr: pd.DataFrame, name: str = "test accuracy", heldout: pd.Da
 
 def ess_crossing_table(pr: pd.DataFrame, correction: str = "is") -> pd.DataFrame:
     """Per model x lagged sampler: empirical vs Gaussian crossing and the step `is` leaves the floor, per seed."""
-    d = pr.loc[pr["sampler"].isin(["stale", "fp8_stale"]) & (pr["correction"] == correction)]
+    d = pr.loc[pr["sampler"].isin(lagged_samplers()) & (pr["correction"] == correction)]
     rows = []
     for (model, sampler), g in d.groupby(["model", "sampler"]):
         g = g.sort_values("seed")

@@ -30,7 +30,7 @@ from .config import Config, ConfigError
 from .diagnostics import EVAL_COLUMNS, BatchTerms, ProbeTerms, missing, step_metrics
 from .divergence import Diverged, blown_up, check_direction_finite, check_finite, check_weights_finite, ended, largest_abs_weight
 from .engine import Rollout, SyncCheckError, VLLMEngine
-from .grid import get_sampler
+from .grid import PROBE_PRECISION, get_sampler
 from .learner import BatchLogProbs, Learner, Probes, Scored
 from .model import load_model, load_tokenizer, make_token_batch
 from .phases import PHASES
@@ -110,10 +110,10 @@ class Trainer(Learner):
             self.eval_problems, self.eval_prompts = self.test_problems, self.test_prompts
         # engines take the model's own context length
         self.engine = VLLMEngine(str(model_dir), cfg.engine, self.sampler.precision, seed)
-        # The on-policy probe/eval engine is BF16 synced to θ_t: for the always-synced bf16 sampler
-        # that is the run's own engine.
-        shared = self.sampler.precision == "bf16" and self.sampler.always_synced
-        self.probe_engine = self.engine if shared else VLLMEngine(str(model_dir), cfg.engine, "bf16", seed)
+        # The on-policy probe/eval engine (grid.PROBE_PRECISION, synced to θ_t): the run's own where
+        # the sampler is that engine (Sampler.is_probe_engine).
+        self.probe_engine = (self.engine if self.sampler.is_probe_engine
+                             else VLLMEngine(str(model_dir), cfg.engine, PROBE_PRECISION, seed))
         self.held: dict[str, int] = {}  # engine name (engine_name) -> the version this run last loaded into it
         self.sync_checks: list[dict] = []  # one per checked weight sync: engine, version, discrepancy, seconds
         # per engine name: the largest |weight| of the last version it matched; saved in the
