@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..config import Config, to_dict
 from ..grid import computed_as, get_sampler
-from ..phases import ENGINE_PHASES, PHASES
+from ..phases import ENGINE_PHASES, PHASES, Schedule
 from ..registry import correction_info, engine_topk, updates_per_batch
 from .cells import GridCell, grid_cells, initial_eval_jobs, rollouts_jobs
 from .costs import estimated_minutes, initial_eval_minutes, rollouts_minutes
@@ -118,13 +118,13 @@ def phase_counts(cfg: Config, model: str, sampler: str, steps: int, first: int =
     its correction `resyncs`: it reads them only until its first resync, which no schedule says, so
     it is counted as sampling every step (as the cost model counts it: plan.py)."""
     t = cfg.train_for(model)
-    every = {"eval_every": t.eval_every, "probe_every": t.probe_every, "ckpt_every": t.ckpt_every, **(train_overrides or {})}
+    schedule = Schedule.of(t, steps=steps, **(train_overrides or {}))
     ks = range(first, steps + 1)
     shared = 0 if resyncs else get_sampler(sampler).shared_steps(steps, t.sync_every)
     counts = dict.fromkeys(PHASES, len(ks))
-    counts["probe"] = sum(k % every["probe_every"] == 0 or k == steps for k in ks)
-    counts["eval"] = sum(k % every["eval_every"] == 0 or k == steps for k in ks)
-    counts["checkpoint"] = sum(bool(every["ckpt_every"]) and k % every["ckpt_every"] == 0 and k < steps for k in ks)
+    counts["probe"] = schedule.count(schedule.probes, first)
+    counts["eval"] = schedule.count(schedule.evaluates, first)
+    counts["checkpoint"] = schedule.count(schedule.checkpoints, first)
     for p in ENGINE_PHASES:
         counts[p] = sum(k > shared for k in ks)
     return counts
