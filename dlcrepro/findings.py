@@ -29,6 +29,7 @@ import pandas as pd
 from . import analysis as A
 from . import intervals as I
 from . import paper as P
+from .intervals import number
 
 RISE_POINTS = 0.10  # the on-policy reference must gain this much accuracy in every run
 # F4, "centring matches on-policy accuracy": the paired difference's whole 95 % interval within
@@ -104,15 +105,9 @@ class Result:
 NOT_IN_GRID = Result("not in this grid", CANNOT_TELL)
 
 
-def _f(x, d=3) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{d}g}"
-
-
 def _ci(c: dict | None, unit="x", margins=()) -> str:
-    """"1.21x [0.719, 2.005]": a mean and its interval, each end printed on its side of `margins`."""
-    if c is None:
-        return "n/a"
-    return f"{I.apart(c['mean'], margins)}{unit} [{I.apart(c['ci_low'], margins)}, {I.apart(c['ci_high'], margins)}]"
+    """"1.21x [0.719, 2.005]": a cell's mean and interval (intervals.interval_text)."""
+    return "n/a" if c is None else I.interval_text(c["mean"], c["ci_low"], c["ci_high"], margins, unit)
 
 
 def _pct(c: dict | None) -> str:
@@ -125,7 +120,7 @@ def _signed(x: float, margins=()) -> str:
 
 
 def _seeds(runs: pd.DataFrame, col: str) -> str:
-    return "/".join(_f(v) for v in runs[col])
+    return "/".join(number(v) for v in runs[col])
 
 
 def _diverged(runs: pd.DataFrame) -> str:
@@ -185,8 +180,9 @@ def mechanism(r: Replicate) -> Result:
                    (lambda d, c: float(d.loc[d["step"] > last - 5, c].mean())))
     d_ratio = late(fp8, "discrepancy_mean_abs") / early(fp8, "discrepancy_mean_abs")
     lag0, lag1 = early(stale, "lag_mean_abs"), late(stale, "lag_mean_abs")
-    text = (f"fp8 mean |δ| first/last 5 steps {_f(early(fp8, 'discrepancy_mean_abs'))}/{_f(late(fp8, 'discrepancy_mean_abs'))}; "
-            f"stale mean |λ| {_f(lag0)}/{_f(lag1)}")
+    d0, d1 = early(fp8, "discrepancy_mean_abs"), late(fp8, "discrepancy_mean_abs")
+    text = (f"fp8 mean |δ| first/last 5 steps {number(d0)}/{number(d1)}; "
+            f"stale mean |λ| {number(lag0)}/{number(lag1)}")
     holds = 2 / 3 <= d_ratio <= 3 / 2 and lag1 > 3 * lag0
     return Result(text, SEEN if holds else CONTRADICTED, lag1 / lag0 if lag0 > 0 else math.nan)
 
@@ -203,7 +199,7 @@ def f1_is_fails_past_half(r: Replicate) -> Result:
     collapse = _collapse_step(r, "stale", "is")
     cross = dict(zip(runs["seed"], runs["ess_crossing_step"]))
     text = (f"ESS < 1/2 at {_seeds(runs, 'ess_crossing_step')}; collapses at "
-            + "/".join(_f(collapse.get(k, math.nan)) for k in runs["seed"]))
+            + "/".join(number(collapse.get(k, math.nan)) for k in runs["seed"]))
     each = [not math.isnan(cross[k]) and k in collapse and collapse[k] >= cross[k] for k in runs["seed"]]
     return Result(text, every_run(each), float(np.mean(each)))
 
@@ -319,7 +315,7 @@ def f11_off_support_at_collapse(r: Replicate) -> Result:
     at, before, with_resync = (get("without", "off_support_at_collapse_mean"), get("without", "off_support_before_max"),
                                get("with", "off_support_before_max"))
     n = int(t.loc["without", "collapse_points"]) if "without" in t.index else 0
-    text = f"at collapse {_f(at)} (n={n}), before <= {_f(before)}; with resync <= {_f(with_resync)}"
+    text = f"at collapse {number(at)} (n={n}), before <= {number(before)}; with resync <= {number(with_resync)}"
     if math.isnan(at):
         return Result(text, CANNOT_TELL)
     return Result(text, SEEN if at > 2 * before and (math.isnan(with_resync) or with_resync < at) else CONTRADICTED, at)
@@ -334,7 +330,7 @@ def f12_kl_blind_at_collapse(r: Replicate) -> Result:
         return Result("no collapse point", CANNOT_TELL)
     at, lo, hi = (float(t[c].iloc[0]) for c in ("kl_sampler_at_collapse_mean", "kl_sampler_healthy_min",
                                                 "kl_sampler_healthy_max"))
-    return Result(f"{_f(at)} at collapse vs healthy [{_f(lo)}, {_f(hi)}]", SEEN if at <= hi else CONTRADICTED,
+    return Result(f"{number(at)} at collapse vs healthy [{number(lo)}, {number(hi)}]", SEEN if at <= hi else CONTRADICTED,
                   at / hi if hi > 0 else math.nan)
 
 
@@ -349,13 +345,13 @@ def f13_off_support_predicts_drop(r: Replicate) -> Result:
     ro = A.spearman(pairs["off_support"].to_numpy(float), pairs["drop"].to_numpy(float))
     rm = A.spearman(pairs["multiple_to_step"].to_numpy(float), pairs["drop"].to_numpy(float))
     b = A.spearman_difference(pairs, "off_support", "multiple_to_step", "drop", r.n_boot, margins=[0.0])
-    text = (f"{_f(ro, 2)} vs {_f(rm, 2)}; difference {I.apart(b.value, [0.0])} [{I.apart(b.low, [0.0])}, "
+    text = (f"{number(ro, 2)} vs {number(rm, 2)}; difference {I.apart(b.value, [0.0])} [{I.apart(b.low, [0.0])}, "
             f"{I.apart(b.high, [0.0])}] ({pairs.groupby(A.RUN).ngroups} distinct runs, {b.resamples:,} resamples)")
     if math.isnan(b.low):
         return Result(text, CANNOT_TELL, b.value)
     verdict = I.side(b.low, b.high, lower=0.0)
     if verdict != UNDECIDED and min(abs(b.low), abs(b.high)) <= 10 * b.mc_error:
-        verdict, text = UNDECIDED, text + f"; an end within 10 Monte-Carlo errors ({_f(b.mc_error, 2)}) of 0"
+        verdict, text = UNDECIDED, text + f"; an end within 10 Monte-Carlo errors ({number(b.mc_error, 2)}) of 0"
     need = math.nan
     centre, half = (b.low + b.high) / 2, (b.high - b.low) / 2
     seeds = r.per_run["seed"].nunique()

@@ -36,7 +36,8 @@ import yaml
 from . import paths
 from .registry import updates_per_batch
 from . import paper as P
-from .tables import _ci_text, _fmt, write_table
+from .intervals import interval_text, number
+from .tables import write_table
 from .util import atomic_save, atomic_write_text, log
 
 KEY = ["model", "theta", "sampler", "correction"]  # one fit per key
@@ -146,8 +147,8 @@ def paper_batch_tokens(response_tokens: float | None = None, config: Path = PAPE
     length = ASSUMED_RESPONSE_TOKENS if assumed else float(response_tokens)
     t_star = p * r * length
     how = "assumed: the paper's mean response length is not known here" if assumed else "given"
-    return t_star, (f"T* = {p} prompts x {r} responses x {_fmt(length)} tokens = {t_star:,.0f} tokens "
-                    f"({_fmt(length)} tokens per response {how})")
+    return t_star, (f"T* = {p} prompts x {r} responses x {number(length)} tokens = {t_star:,.0f} tokens "
+                    f"({number(length)} tokens per response {how})")
 
 
 def fit_cells(raw: pd.DataFrame, t_star: float, n_boot: int = 2000, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -184,15 +185,15 @@ def scaling_table(rungs: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
         for _, r in mine.iterrows():
             rows.append(ident | {
                 "batch": f"{r['prompts']} x {r['responses']}", "reps": r["reps"], "tokens T": round(r["tokens"]),
-                "M [95 % CI]": _ci_text(r["multiple"], r["multiple_low"], r["multiple_high"]),
+                "M [95 % CI]": interval_text(r["multiple"], r["multiple_low"], r["multiple_high"]),
                 "residual M-1-bT": r["residual"], f"b per {BETA_UNIT} tokens [95 % CI]": "", "paper": "",
                 "mean": r["multiple"], "ci_low": r["multiple_low"], "ci_high": r["multiple_high"],
             })
         rows.append(ident | {
             "batch": "T* (extrapolated)", "reps": "", "tokens T": round(c["t_star"]),
-            "M [95 % CI]": _ci_text(c["multiple_at_t_star"], c["multiple_at_t_star_low"], c["multiple_at_t_star_high"]),
+            "M [95 % CI]": interval_text(c["multiple_at_t_star"], c["multiple_at_t_star_low"], c["multiple_at_t_star_high"]),
             "residual M-1-bT": "",
-            f"b per {BETA_UNIT} tokens [95 % CI]": _ci_text(c["beta"] * BETA_UNIT, c["beta_low"] * BETA_UNIT,
+            f"b per {BETA_UNIT} tokens [95 % CI]": interval_text(c["beta"] * BETA_UNIT, c["beta_low"] * BETA_UNIT,
                                                             c["beta_high"] * BETA_UNIT),
             "paper": c["paper"],
             "mean": c["multiple_at_t_star"], "ci_low": c["multiple_at_t_star_low"], "ci_high": c["multiple_at_t_star_high"],
