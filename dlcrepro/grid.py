@@ -14,12 +14,9 @@ tests/test_grid.py runs both cells of each pair and checks that their metrics ar
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
 from .registry import UnknownNameError, updates_per_batch
-
-if TYPE_CHECKING:
-    from .config import TrainConfig
 
 
 # The on-policy probes and the evaluations sample from an engine of this precision, synced to θ_t.
@@ -97,11 +94,12 @@ def get_sampler(name: str) -> Sampler:
 
 @dataclass(frozen=True)
 class SameAs:
-    """Under `when(sampler, train config)`, a run with `correction` is the run with `same_as`."""
+    """Under `when(sampler, train)` (`train` a config.TrainConfig), a run with `correction` is the run
+    with `same_as`."""
 
     correction: str
     same_as: str
-    when: Callable[[Sampler, "TrainConfig"], bool]
+    when: Callable[[Sampler, Any], bool]
     why: str
 
 
@@ -128,9 +126,9 @@ SAME_AS: list[SameAs] = [
 ]
 
 
-def computed_as(sampler: str, correction: str, train: "TrainConfig") -> tuple[str, str]:
-    """The correction whose run a (sampler, correction) cell's run is, and why; the cell's own
-    correction and "" when it is its own computation."""
+def computed_as(sampler: str, correction: str, train) -> tuple[str, str]:
+    """The correction whose run a (sampler, correction) cell's run is under `train` (a
+    config.TrainConfig), and why; the cell's own correction and "" when it is its own computation."""
     s, name, why = get_sampler(sampler), correction, []
     seen = {name}
     while True:
