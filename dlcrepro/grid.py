@@ -78,6 +78,12 @@ for _s in (
     register_sampler(_s)
 
 
+def probe_engine_sampler() -> str:
+    """A registered sampler whose engine is the probe engine (`Sampler.is_probe_engine`): a run
+    under it starts that one engine alone, as θ_0's evaluation does (initial_eval.py)."""
+    return next(s.name for s in SAMPLERS.values() if s.is_probe_engine)
+
+
 def lagged_samplers() -> tuple[str, ...]:
     """The registered samplers the trainer runs ahead of, in registry order."""
     return tuple(s.name for s in SAMPLERS.values() if s.lagged)

@@ -37,7 +37,7 @@ def test_the_schemas_sampler_enum_is_the_registry():
 
 def test_a_samplers_properties_are_the_registrys():
     assert grid.lagged_samplers() == ("stale", "fp8_stale")
-    assert [s.name for s in SAMPLERS.values() if s.is_probe_engine] == ["bf16"]
+    assert [s.name for s in SAMPLERS.values() if s.is_probe_engine] == ["bf16"] == [grid.probe_engine_sampler()]
     assert len({s.colour for s in SAMPLERS.values()}) == len(SAMPLERS)
 
 
