@@ -424,7 +424,7 @@ def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 
     t = {
         "noise_floor": noise_floor_table(steps, pr),
         "accuracy": accuracy_table(pr, name, A.final_heldout(steps, pr)),
-        "ess_crossing": absent(ess_crossing_table(pr), "no `is` run under a lagged sampler (stale, fp8_stale)"),
+        "ess_crossing": absent(ess_crossing_table(pr), f"no `is` run under a lagged sampler ({', '.join(lagged_samplers())})"),
         "resync": absent(resync_table(pr), "no run of a correction with resync (dlc, is_resync)"),
         "off_support": absent(off_support_table(drops), "no accuracy drops: they need the bf16/pg reference and another cell"),
         "spearman": absent(spearman_out(distinct_steps, drops, n_boot),
