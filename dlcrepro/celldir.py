@@ -106,6 +106,13 @@ def run_identity(meta: dict, cfg: Config) -> dict:
     return stamped.cell_identity(stamped.run_record(meta, cfg))
 
 
+def other_numbers(ran: dict, meta: dict, cfg: Config) -> list[str]:
+    """Where the run recorded as `ran` (a config.yaml read back) and this cell (`meta`) under `cfg`
+    differ in what their numbers depend on, [] where they do not: their `run_identity`s through the
+    one comparison of identities, `stamped.mismatch`."""
+    return stamped.mismatch(stamped.cell_identity(ran), run_identity(meta, cfg))
+
+
 def finished_run(cell: Path) -> dict | None:
     """The record (config.yaml) of the finished run in `cell`, None if it holds none (no summary,
     table or config.yaml)."""
@@ -120,7 +127,7 @@ def finished_as(cell: Path, meta: dict, cfg: Config) -> bool:
     ran = finished_run(cell)
     if ran is None or "computed_as" in ran:
         return False
-    return not stamped.mismatch(stamped.cell_identity(ran), run_identity(meta, cfg))
+    return not other_numbers(ran, meta, cfg)
 
 
 @contextmanager
@@ -343,7 +350,7 @@ def finished_here(out: Path, meta: dict, cfg: Config) -> dict | None:
     ran = finished_run(out)
     if ran is None:
         return None
-    diff = stamped.mismatch(stamped.cell_identity(ran), run_identity(meta, cfg))
+    diff = other_numbers(ran, meta, cfg)
     if diff:
         raise ConfigError(f"{out} holds a finished run of other numbers ({'; '.join(diff)}): "
                           f"to train this one there, delete {out} and rerun the same command")

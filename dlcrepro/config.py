@@ -23,7 +23,7 @@ import yaml
 
 from .grid import SAMPLERS
 from .registry import CORRECTION_INFO
-from .tracking import BACKENDS, EXTRA, missing_packages, resolved
+from .tracking import BACKENDS, EXTRA, TrackingConfig, missing_packages, resolved
 
 
 class ConfigError(ValueError):
@@ -289,28 +289,6 @@ class GridConfig:
     """disjoint groups of seeds whose findings are checked separately (the findings table has a
     column per replicate; a finding counts as seen only where its rule holds in every replicate that
     ran). Empty: the grid's seeds are one replicate."""
-
-
-@dataclass
-class TrackingConfig:
-    backends: list[str] = field(default_factory=list)
-    """experiment trackers each training step's metrics row also goes to, any of tensorboard,
-    wandb, mlflow (pip install 'dlcrepro[tracking]'); empty: none, metrics.parquet alone."""
-    project: str = ""
-    """the W&B project and MLflow experiment of the runs ("": dlcrepro-<name>)."""
-    wandb_mode: Literal["offline", "online"] = "offline"
-    """W&B: "offline" writes each run's files under wandb_dir, uploaded later by `wandb sync` (no
-    network, as on compute nodes); "online" streams them to the W&B server."""
-    wandb_entity: str = ""
-    """W&B: the user or team the project belongs to ("": the logged-in user's default)."""
-    wandb_dir: str = ""
-    """W&B: where run files are written ("": <results_dir>/_wandb)."""
-    mlflow_uri: str = ""
-    """MLflow tracking URI: a server (http://host:5000) or a database (sqlite:///path.db) ("":
-    $MLFLOW_TRACKING_URI, else the SQLite database <results_dir>/_mlflow.db)."""
-    tensorboard_dir: str = ""
-    """TensorBoard: the log directory, a subdirectory <model>/<sampler>/<correction>/seed<k> per
-    run ("": <results_dir>/_tensorboard)."""
 
 
 @dataclass

@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from .config import TrainConfig
 from .registry import CORRECTION_INFO, CorrectionInfo, UnknownNameError
 
 sg = torch.Tensor.detach
@@ -94,21 +95,22 @@ class CorrectionLoss:
 
 @dataclass(frozen=True)
 class CorrectionParams:
-    """The corrections' thresholds: each a key of the config's `train` section, same name."""
+    """The corrections' thresholds: each a key of the config's `train` section, same name, and its
+    default there (config.TrainConfig declares each once, with its range and its why)."""
 
-    clip_c: float = 2.0
-    ppo_eps: float = 0.2
-    seq_clip_c: float = 2.0
-    seq_mis_low: float = 0.5
-    seq_mis_high: float = 2.0
-    geo_low: float = 0.999
-    geo_high: float = 1.001
-    icepop_low: float = 0.5
-    icepop_high: float = 5.0
-    behav_weight_cap: float = 5.0
-    behav_weight_low: float = 0.0
-    gspo_clip_low: float = 3e-4
-    gspo_clip_high: float = 4e-4
+    clip_c: float = TrainConfig.clip_c
+    ppo_eps: float = TrainConfig.ppo_eps
+    seq_clip_c: float = TrainConfig.seq_clip_c
+    seq_mis_low: float = TrainConfig.seq_mis_low
+    seq_mis_high: float = TrainConfig.seq_mis_high
+    geo_low: float = TrainConfig.geo_low
+    geo_high: float = TrainConfig.geo_high
+    icepop_low: float = TrainConfig.icepop_low
+    icepop_high: float = TrainConfig.icepop_high
+    behav_weight_cap: float = TrainConfig.behav_weight_cap
+    behav_weight_low: float = TrainConfig.behav_weight_low
+    gspo_clip_low: float = TrainConfig.gspo_clip_low
+    gspo_clip_high: float = TrainConfig.gspo_clip_high
 
     @classmethod
     def from_train(cls, tcfg) -> "CorrectionParams":

@@ -35,12 +35,13 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from . import analysis as A  # noqa: E402
 from . import outputs  # noqa: E402
+from . import paper as P  # noqa: E402
 from .intervals import t_interval  # noqa: E402
-from .grid import SAMPLERS  # noqa: E402
+from .grid import SAMPLERS, lagged_samplers  # noqa: E402
 from .registry import CORRECTION_INFO  # noqa: E402
 from .util import atomic_save  # noqa: E402
 
-LAGGED = ("stale", "fp8_stale")
+LAGGED = lagged_samplers()
 
 # ----------------------------------------------------------------------------- styles
 
@@ -50,15 +51,15 @@ FAMILY_COLOURS = ("#0072B2", "#009E73", "#E69F00", "#D62728", "#9467BD", "#8C564
 # a family's members, in registry order: solid, dashed, dotted, dash-dot, ... and a marker each
 MEMBER_LINESTYLES = ("-", (0, (5, 2)), (0, (1, 1.2)), (0, (6, 2, 1, 2)), (0, (3, 1, 1, 1, 1, 1)), (0, (8, 3)))
 MEMBER_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
-SAMPLER_COLOURS = dict(zip(SAMPLERS, ("#0072B2", "#56B4E9", "#D55E00", "#CC79A7")))
+SAMPLER_COLOURS = {name: s.colour for name, s in SAMPLERS.items()}
 REFERENCE_LINE = dict(color="0.35", lw=0.9, zorder=1)  # grey: no correction is drawn in grey
 PAPER_COLOUR = "#C00000"  # the paper's values, wherever a panel shows what it reports
 # F2 (Qwen3-1.7B, stale): the empirical lag ESS crosses 1/2 at step 11, its Gaussian prediction at 14
-PAPER_ESS_CROSSINGS = ((11, "-"), (14, "--"))
-PAPER_ESS_LABELS = (("paper: ESS < 1/2 at step 11 (F2)", "-"), ("paper: Gaussian predicts 14 (F2)", "--"))
-# the paper's noise-floor multiples by cell (PAPER.md; tables.PAPER_MULTIPLE has them as text)
-PAPER_M = {("fp8", "pg"): 13.0, ("stale", "center"): 32.0, ("stale", "is_center"): 2.1, ("stale", "ppo_multi"): 699.0,
-           ("stale", "dlc"): 1.9, ("stale", "is"): 115.0, ("stale", "is_resync"): 2.6}
+PAPER_ESS_CROSSINGS = ((P.F2_ESS_CROSSING, "-"), (P.F2_GAUSSIAN_CROSSING, "--"))
+PAPER_ESS_LABELS = ((f"paper: ESS < 1/2 at step {P.F2_ESS_CROSSING} (F2)", "-"),
+                    (f"paper: Gaussian predicts {P.F2_GAUSSIAN_CROSSING} (F2)", "--"))
+# the paper's noise-floor multiples by cell (paper.MULTIPLE)
+PAPER_M = {cell: m.value for cell, m in P.MULTIPLE.items()}
 
 
 @dataclass(frozen=True)
@@ -473,7 +474,7 @@ def ess(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     """Lag ESS of the fresh batch (thick) and its Gaussian prediction (thin) under lagged samplers, with the 1/2 line."""
     d = steps.loc[steps["sampler"].isin(LAGGED)].assign(ess_seen=lambda x: A.lag_ess_seen(x))
     if d.empty:
-        return _absent("ess", "no run under a lagged sampler (stale, fp8_stale)")
+        return _absent("ess", f"no run under a lagged sampler ({', '.join(LAGGED)})")
     styles = correction_styles(d["correction"].unique())
     models, samplers = sorted(d["model"].unique()), [s for s in LAGGED if s in set(d["sampler"])]
     every = max(1, d["step"].nunique() // 10)
@@ -488,7 +489,7 @@ def ess(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
                 _mean_band(ax, g, "ess_lag_gauss", dict(color=styles[corr].color, ls=styles[corr].linestyle, lw=0.7, alpha=0.6),
                            band=False, diverged=diverged_set(runs))
             _reference(ax, A.ESS_HALF, "ESS 1/2", ":")
-            if s == "stale":  # F2, Qwen3-1.7B: the empirical ESS crosses 1/2 at step 11, the Gaussian at 14
+            if s == P.F2_SAMPLER:  # F2, Qwen3-1.7B: the empirical ESS crosses 1/2 at step 11, the Gaussian at 14
                 for step, ls in PAPER_ESS_CROSSINGS:
                     ax.axvline(step, ls=ls, color=PAPER_COLOUR, lw=1.0, zorder=1)
             ax.set(title=f"{m} / {s}", xlabel="step", ylabel="lag ESS (normalised, no unit)", ylim=(0, 1.05))
@@ -579,7 +580,7 @@ def off_support_kl(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Fig
     """Off-support share (trainer side) beside kl_sampler (what a sampler-side monitor sees), lagged samplers."""
     d = steps.loc[steps["sampler"].isin(LAGGED)].copy()
     if d.empty:
-        return _absent("off_support_kl", "no run under a lagged sampler (stale, fp8_stale)")
+        return _absent("off_support_kl", f"no run under a lagged sampler ({', '.join(LAGGED)})")
     styles = correction_styles(d["correction"].unique())
     models, samplers = sorted(d["model"].unique()), [s for s in LAGGED if s in set(d["sampler"])]
     # a row per measure, a column per sampler: the off-support shares above the KLs

@@ -29,6 +29,8 @@ import pandas as pd
 
 from . import analysis as A
 from . import intervals as I
+from . import paper as P
+from .intervals import number
 
 RISE_POINTS = 0.10  # the on-policy reference must gain this much accuracy in every run
 # F4, "centring matches on-policy accuracy": the paired difference's whole 95 % interval within
@@ -104,15 +106,9 @@ class Result:
 NOT_IN_GRID = Result("not in this grid", CANNOT_TELL)
 
 
-def _f(x, d=3) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{d}g}"
-
-
 def _ci(c: dict | None, unit="x", margins=()) -> str:
-    """"1.21x [0.719, 2.005]": a mean and its interval, each end printed on its side of `margins`."""
-    if c is None:
-        return "n/a"
-    return f"{I.apart(c['mean'], margins)}{unit} [{I.apart(c['ci_low'], margins)}, {I.apart(c['ci_high'], margins)}]"
+    """"1.21x [0.719, 2.005]": a cell's mean and interval (intervals.interval_text)."""
+    return "n/a" if c is None else I.interval_text(c["mean"], c["ci_low"], c["ci_high"], margins, unit)
 
 
 def _pct(c: dict | None) -> str:
@@ -125,7 +121,7 @@ def _signed(x: float, margins=()) -> str:
 
 
 def _seeds(runs: pd.DataFrame, col: str) -> str:
-    return "/".join(_f(v) for v in runs[col])
+    return "/".join(number(v) for v in runs[col])
 
 
 def _diverged(runs: pd.DataFrame) -> str:
@@ -185,8 +181,9 @@ def mechanism(r: Replicate) -> Result:
                    (lambda d, c: float(d.loc[d["step"] > last - 5, c].mean())))
     d_ratio = late(fp8, "discrepancy_mean_abs") / early(fp8, "discrepancy_mean_abs")
     lag0, lag1 = early(stale, "lag_mean_abs"), late(stale, "lag_mean_abs")
-    text = (f"fp8 mean |δ| first/last 5 steps {_f(early(fp8, 'discrepancy_mean_abs'))}/{_f(late(fp8, 'discrepancy_mean_abs'))}; "
-            f"stale mean |λ| {_f(lag0)}/{_f(lag1)}")
+    d0, d1 = early(fp8, "discrepancy_mean_abs"), late(fp8, "discrepancy_mean_abs")
+    text = (f"fp8 mean |δ| first/last 5 steps {number(d0)}/{number(d1)}; "
+            f"stale mean |λ| {number(lag0)}/{number(lag1)}")
     holds = 2 / 3 <= d_ratio <= 3 / 2 and lag1 > 3 * lag0
     return Result(text, SEEN if holds else CONTRADICTED, lag1 / lag0 if lag0 > 0 else math.nan)
 
@@ -203,7 +200,7 @@ def f1_is_fails_past_half(r: Replicate) -> Result:
     collapse = _collapse_step(r, "stale", "is")
     cross = dict(zip(runs["seed"], runs["ess_crossing_step"]))
     text = (f"ESS < 1/2 at {_seeds(runs, 'ess_crossing_step')}; collapses at "
-            + "/".join(_f(collapse.get(k, math.nan)) for k in runs["seed"]))
+            + "/".join(number(collapse.get(k, math.nan)) for k in runs["seed"]))
     each = [not math.isnan(cross[k]) and k in collapse and collapse[k] >= cross[k] for k in runs["seed"]]
     return Result(text, every_run(each), float(np.mean(each)))
 
@@ -319,7 +316,7 @@ def f11_off_support_at_collapse(r: Replicate) -> Result:
     at, before, with_resync = (get("without", "off_support_at_collapse_mean"), get("without", "off_support_before_max"),
                                get("with", "off_support_before_max"))
     n = int(t.loc["without", "collapse_points"]) if "without" in t.index else 0
-    text = f"at collapse {_f(at)} (n={n}), before <= {_f(before)}; with resync <= {_f(with_resync)}"
+    text = f"at collapse {number(at)} (n={n}), before <= {number(before)}; with resync <= {number(with_resync)}"
     if math.isnan(at):
         return Result(text, CANNOT_TELL)
     return Result(text, SEEN if at > 2 * before and (math.isnan(with_resync) or with_resync < at) else CONTRADICTED, at)
@@ -334,7 +331,7 @@ def f12_kl_blind_at_collapse(r: Replicate) -> Result:
         return Result("no collapse point", CANNOT_TELL)
     at, lo, hi = (float(t[c].iloc[0]) for c in ("kl_sampler_at_collapse_mean", "kl_sampler_healthy_min",
                                                 "kl_sampler_healthy_max"))
-    return Result(f"{_f(at)} at collapse vs healthy [{_f(lo)}, {_f(hi)}]", SEEN if at <= hi else CONTRADICTED,
+    return Result(f"{number(at)} at collapse vs healthy [{number(lo)}, {number(hi)}]", SEEN if at <= hi else CONTRADICTED,
                   at / hi if hi > 0 else math.nan)
 
 
@@ -349,13 +346,13 @@ def f13_off_support_predicts_drop(r: Replicate) -> Result:
     ro = A.spearman(pairs["off_support"].to_numpy(float), pairs["drop"].to_numpy(float))
     rm = A.spearman(pairs["multiple_to_step"].to_numpy(float), pairs["drop"].to_numpy(float))
     b = A.spearman_difference(pairs, "off_support", "multiple_to_step", "drop", r.n_boot, margins=[0.0])
-    text = (f"{_f(ro, 2)} vs {_f(rm, 2)}; difference {I.apart(b.value, [0.0])} [{I.apart(b.low, [0.0])}, "
+    text = (f"{number(ro, 2)} vs {number(rm, 2)}; difference {I.apart(b.value, [0.0])} [{I.apart(b.low, [0.0])}, "
             f"{I.apart(b.high, [0.0])}] ({pairs.groupby(A.RUN).ngroups} distinct runs, {b.resamples:,} resamples)")
     if math.isnan(b.low):
         return Result(text, CANNOT_TELL, b.value)
     verdict = I.side(b.low, b.high, lower=0.0)
     if verdict != UNDECIDED and min(abs(b.low), abs(b.high)) <= 10 * b.mc_error:
-        verdict, text = UNDECIDED, text + f"; an end within 10 Monte-Carlo errors ({_f(b.mc_error, 2)}) of 0"
+        verdict, text = UNDECIDED, text + f"; an end within 10 Monte-Carlo errors ({number(b.mc_error, 2)}) of 0"
     need = math.nan
     centre, half = (b.low + b.high) / 2, (b.high - b.low) / 2
     seeds = r.per_run["seed"].nunique()
@@ -379,8 +376,33 @@ class Finding:
     derived: str = ""  # how paper_value follows from the paper's words where the paper gives no such number ("" where it does)
 
 
+def _m(sampler: str, correction: str) -> str:
+    """The paper's M for a cell, as its summary writes it: "13", "2.1"."""
+    return f"{P.MULTIPLE[sampler, correction].value:g}"
+
+
+def _m_acc(sampler: str, correction: str) -> str:
+    """"32x, 12.2 %": the paper's M and accuracy for a cell."""
+    return f"{_m(sampler, correction)}x, {P.pct(P.ACCURACY[sampler, correction][0])}"
+
+
+def _f8_paper() -> str:
+    """"<=2x (0.6B 1.9x)"."""
+    f8 = P.MULTIPLE["stale", "dlc"]
+    return f"<={f8.bound:g}x ({f8.model} {f8.value:g}x)"
+
+
+def _steps(steps) -> str:
+    return ", ".join(map(str, steps))
+
+
+_F11_PAPER = (f"{100 * P.F11_AT_COLLAPSE:.0f} %, <={100 * P.F11_BEFORE_AT_MOST:.0f} %, "
+              f"<={100 * P.F11_WITH_RESYNC_AT_MOST:.0f} %")
+_RHO_OFF, _RHO_M = P.F13_RHO["off_support"], P.F13_RHO["noise_floor_multiple"]
+
+
 FINDINGS: list[Finding] = [
-    Finding("R", "on-policy bf16/pg learns", "not given (46.5 % is F4's)",
+    Finding("R", "on-policy bf16/pg learns", f"not given ({P.pct(P.ACCURACY['fp8', 'center'][0])} is F4's)",
             f"every seed's pool accuracy rises >= {100 * RISE_POINTS:.0f} points over the run",
             reference_learns, "points of pool accuracy gained (mean, smallest and largest run)"),
     Finding("M", "δ constant under fp8, λ growing under stale", "yes",
@@ -390,45 +412,49 @@ FINDINGS: list[Finding] = [
             "every stale/is run crosses 1/2 and collapses (drop >= half the reference), never before its crossing",
             f1_is_fails_past_half,
             "share of stale/is runs that cross, then collapse", 1.0, "derived: a criterion, read as every run"),
-    Finding("F2", "stale: ESS crossing vs Gaussian prediction", "11 vs 14 (1.7B)",
+    Finding("F2", "stale: ESS crossing vs Gaussian prediction", f"{P.F2_ESS_CROSSING} vs {P.F2_GAUSSIAN_CROSSING} ({P.F2_MODEL})",
             "every stale/is run crosses before the Gaussian prediction exp(-Var λ) does", f2_crossing_vs_gaussian,
-            "steps from the Gaussian crossing to the empirical one (mean)", -3.0, "derived: 11 − 14 (1.7B)"),
-    Finding("F3", "fp8: PG multiple (corrections near the floor)", "PG 13x",
+            "steps from the Gaussian crossing to the empirical one (mean)",
+            float(P.F2_ESS_CROSSING - P.F2_GAUSSIAN_CROSSING),
+            f"derived: {P.F2_ESS_CROSSING} − {P.F2_GAUSSIAN_CROSSING} ({P.F2_MODEL})"),
+    Finding("F3", "fp8: PG multiple (corrections near the floor)", f"PG {_m('fp8', 'pg')}x",
             "fp8/pg's M t-interval above 1, and the paired (by seed) difference of M, pg − center, above 0",
-            f3_fp8_pg_above_floor, "x floor", 13.0),
-    Finding("F4", "fp8: center's pool accuracy matches on-policy", "46.5 %",
+            f3_fp8_pg_above_floor, "x floor", P.MULTIPLE["fp8", "pg"].value),
+    Finding("F4", "fp8: center's pool accuracy matches on-policy", P.pct(P.ACCURACY["fp8", "center"][0]),
             f"the paired (by seed) difference to bf16/pg: its whole t-interval within ±{100 * F4_MARGIN_POINTS:.0f} points",
             f4_fp8_center_matches_on_policy, "points of pool accuracy, center minus bf16/pg", 0.0,
             "derived: \"matches\" read as 0"),
-    Finding("F5", "stale: center multiple, accuracy", "32x, 12.2 %", "stale/center's M t-interval above 2",
+    Finding("F5", "stale: center multiple, accuracy", _m_acc("stale", "center"), "stale/center's M t-interval above 2",
             _above_floor("stale", "center"),
-            "x floor", 32.0),
-    Finding("F6", "stale: is_center multiple, accuracy", "2.1x, 32.0 %",
+            "x floor", P.MULTIPLE["stale", "center"].value),
+    Finding("F6", "stale: is_center multiple, accuracy", _m_acc("stale", "is_center"),
             "the paired (by seed) difference of M, stale/is_center − stale/center, below 0",
-            f6_is_center_below_center, "x floor", 2.1),
-    Finding("F7", f"stale: PPO multiple ({PAPER_PPO}: several SGD steps per batch)", "699x",
+            f6_is_center_below_center, "x floor", P.MULTIPLE["stale", "is_center"].value),
+    Finding("F7", f"stale: PPO multiple ({PAPER_PPO}: several SGD steps per batch)", f"{_m('stale', PAPER_PPO)}x",
             f"stale/{PAPER_PPO}'s M t-interval above 2",
-            _above_floor("stale", PAPER_PPO), "x floor", 699.0),
-    Finding("F8", "stale: DLC multiple", "<=2x (0.6B 1.9x)",
+            _above_floor("stale", PAPER_PPO), "x floor", P.MULTIPLE["stale", PAPER_PPO].value),
+    Finding("F8", "stale: DLC multiple", _f8_paper(),
             f"stale/dlc's whole M t-interval at or below {F8_MARGIN_MULTIPLE:g}, no run diverged", f8_dlc_within_two,
-            "x floor", 1.9),
-    Finding("F9", "stale: DLC resync steps", "20, 35, 36 (once per run)", "every stale/dlc run resyncs at least once",
-            f9_dlc_resyncs,
-            "resyncs per stale/dlc run (mean, fewest, most)", 1.0, "derived: once per run (20, 35, 36)"),
-    Finding("F10", "stale: IS vs IS + resync multiple", "115x -> 2.6x",
+            "x floor", P.MULTIPLE["stale", "dlc"].value),
+    Finding("F9", "stale: DLC resync steps", f"{_steps(P.F9_RESYNC_STEPS)} (once per run)",
+            "every stale/dlc run resyncs at least once", f9_dlc_resyncs,
+            "resyncs per stale/dlc run (mean, fewest, most)", 1.0, f"derived: once per run ({_steps(P.F9_RESYNC_STEPS)})"),
+    Finding("F10", "stale: IS vs IS + resync multiple",
+            f"{_m('stale', 'is')}x -> {_m('stale', 'is_resync')}x",
             "the paired (by seed) difference of M, stale/is_resync − stale/is, below 0", f10_resync_rescues_is,
-            "x floor", 2.6),
-    Finding("F11", "off-support share at collapse / before; with resync", "90 %, <=14 %, <=11 %",
+            "x floor", P.MULTIPLE["stale", "is_resync"].value),
+    Finding("F11", "off-support share at collapse / before; with resync", _F11_PAPER,
             "mean at collapse > 2x the largest before (no resync), and above every with-resync value",
             f11_off_support_at_collapse,
-            "off-support share at collapse points (mean)", 0.90),
+            "off-support share at collapse points (mean)", P.F11_AT_COLLAPSE),
     Finding("F12", "kl_sampler at collapse vs healthy runs' range", "within range",
             "mean kl_sampler at collapse <= the healthy runs' largest",
             f12_kl_blind_at_collapse, "kl_sampler at collapse over the healthy runs' largest", 1.0,
             "derived: \"within range\" read as 1"),
-    Finding("F13", "Spearman with the accuracy drop: off-support vs deviation", "0.80 vs 0.74",
+    Finding("F13", "Spearman with the accuracy drop: off-support vs deviation", f"{_RHO_OFF:.2f} vs {_RHO_M:.2f}",
             "ρ(off-support) − ρ(M): its bootstrap interval over distinct runs above 0, ends settled to a tenth of their distance",
-            f13_off_support_predicts_drop, "ρ(off-support) − ρ(M)", 0.06, "derived: 0.80 − 0.74"),
+            f13_off_support_predicts_drop, "ρ(off-support) − ρ(M)",
+            round(_RHO_OFF - _RHO_M, 2), f"derived: {_RHO_OFF:.2f} − {_RHO_M:.2f}"),
 ]
 
 

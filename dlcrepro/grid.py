@@ -13,23 +13,36 @@ tests/test_grid.py runs both cells of each pair and checks that their metrics ar
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass, replace
+from typing import Any, Callable
 
 from .registry import UnknownNameError, updates_per_batch
 
-if TYPE_CHECKING:
-    from .config import TrainConfig
+
+# The on-policy probes and the evaluations sample from an engine of this precision, synced to θ_t.
+PROBE_PRECISION = "bf16"
 
 
 @dataclass(frozen=True)
 class Sampler:
-    """A sampler of the grid: an engine precision and a sync schedule."""
+    """A sampler of the grid: an engine precision, a sync schedule, and its colour in the figures."""
 
     name: str
     precision: str
     # True: synced to θ_t before every step; False: every `sync_every` steps.
     always_synced: bool
+    colour: str = ""  # in every figure that draws samplers; "" takes the next of SPARE_COLOURS when registered
+
+    @property
+    def lagged(self) -> bool:
+        """Whether the trainer runs ahead of it (θ_s ≠ θ_t between syncs): the lag figures and tables are its."""
+        return not self.always_synced
+
+    @property
+    def is_probe_engine(self) -> bool:
+        """Whether its engine is also the run's probe engine (PROBE_PRECISION, synced before every
+        step), so that a run under it starts one engine rather than two."""
+        return self.precision == PROBE_PRECISION and self.always_synced
 
     def due(self, step: int, sync_every: int) -> bool:
         """Whether the engine is synced to θ_t before sampling step `step` (0-based)."""
@@ -43,20 +56,37 @@ class Sampler:
 
 
 SAMPLERS: dict[str, Sampler] = {}
+# colour-blind-safe colours for a sampler registered without one, none of them black or grey
+SPARE_COLOURS = ("#009E73", "#E69F00", "#F0E442", "#9467BD", "#8C564B", "#17BECF")
 
 
 def register_sampler(s: Sampler) -> Sampler:
+    if not s.colour:
+        taken = {t.colour for t in SAMPLERS.values()}
+        spare = [c for c in SPARE_COLOURS if c not in taken] or SPARE_COLOURS
+        s = replace(s, colour=spare[len(SAMPLERS) % len(spare)] if spare is SPARE_COLOURS else spare[0])
     SAMPLERS[s.name] = s
     return s
 
 
 for _s in (
-    Sampler("bf16", "bf16", True),
-    Sampler("fp8", "fp8", True),
-    Sampler("stale", "bf16", False),
-    Sampler("fp8_stale", "fp8", False),
+    Sampler("bf16", "bf16", True, "#0072B2"),
+    Sampler("fp8", "fp8", True, "#56B4E9"),
+    Sampler("stale", "bf16", False, "#D55E00"),
+    Sampler("fp8_stale", "fp8", False, "#CC79A7"),
 ):
     register_sampler(_s)
+
+
+def probe_engine_sampler() -> str:
+    """A registered sampler whose engine is the probe engine (`Sampler.is_probe_engine`): a run
+    under it starts that one engine alone, as θ_0's evaluation does (initial_eval.py)."""
+    return next(s.name for s in SAMPLERS.values() if s.is_probe_engine)
+
+
+def lagged_samplers() -> tuple[str, ...]:
+    """The registered samplers the trainer runs ahead of, in registry order."""
+    return tuple(s.name for s in SAMPLERS.values() if s.lagged)
 
 
 def get_sampler(name: str) -> Sampler:
@@ -70,11 +100,12 @@ def get_sampler(name: str) -> Sampler:
 
 @dataclass(frozen=True)
 class SameAs:
-    """Under `when(sampler, train config)`, a run with `correction` is the run with `same_as`."""
+    """Under `when(sampler, train)` (`train` a config.TrainConfig), a run with `correction` is the run
+    with `same_as`."""
 
     correction: str
     same_as: str
-    when: Callable[[Sampler, "TrainConfig"], bool]
+    when: Callable[[Sampler, Any], bool]
     why: str
 
 
@@ -101,9 +132,9 @@ SAME_AS: list[SameAs] = [
 ]
 
 
-def computed_as(sampler: str, correction: str, train: "TrainConfig") -> tuple[str, str]:
-    """The correction whose run a (sampler, correction) cell's run is, and why; the cell's own
-    correction and "" when it is its own computation."""
+def computed_as(sampler: str, correction: str, train) -> tuple[str, str]:
+    """The correction whose run a (sampler, correction) cell's run is under `train` (a
+    config.TrainConfig), and why; the cell's own correction and "" when it is its own computation."""
     s, name, why = get_sampler(sampler), correction, []
     seen = {name}
     while True:

@@ -19,6 +19,7 @@ import torch
 
 from . import stamped
 from .config import Config, to_dict
+from .grid import probe_engine_sampler
 from .train import Trainer
 from .util import log
 
@@ -51,8 +52,8 @@ def write_initial_eval(cfg: Config, model: str, seed: int, out: Path, model_dir:
 
     check_device(cfg, model)  # a GPU job on a CPU torch stops here, as a training job does
     torch.manual_seed(seed)  # as train_cell seeds before it builds its Trainer
-    # A `bf16` run's Trainer: its one engine is the BF16 probe engine, built as every cell builds it.
-    tr = Trainer(cfg, model, "bf16", "pg", seed, model_dir)
+    # The Trainer of a run whose one engine is the probe engine, built as every cell builds it.
+    tr = Trainer(cfg, model, probe_engine_sampler(), "pg", seed, model_dir)
     accuracies = tr.evaluate(0)
     stamped.write(out, identity(cfg, model, seed, model_dir), "accuracies", accuracies, as_json=True)
     log(f"θ_0 of {model}, seed {seed}: {json.dumps(accuracies)} into {out}")

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 
 import math
-import re
 import time
 from pathlib import Path
 
@@ -36,7 +35,9 @@ import yaml
 
 from . import paths
 from .registry import updates_per_batch
-from .tables import PAPER_MULTIPLE, _ci_text, _fmt, write_table
+from . import paper as P
+from .intervals import interval_text, number
+from .tables import write_table
 from .util import atomic_save, atomic_write_text, log
 
 KEY = ["model", "theta", "sampler", "correction"]  # one fit per key
@@ -146,14 +147,8 @@ def paper_batch_tokens(response_tokens: float | None = None, config: Path = PAPE
     length = ASSUMED_RESPONSE_TOKENS if assumed else float(response_tokens)
     t_star = p * r * length
     how = "assumed: the paper's mean response length is not known here" if assumed else "given"
-    return t_star, (f"T* = {p} prompts x {r} responses x {_fmt(length)} tokens = {t_star:,.0f} tokens "
-                    f"({_fmt(length)} tokens per response {how})")
-
-
-def paper_value(text: str) -> float:
-    """The multiple a PAPER_MULTIPLE entry states ("13x (F3)" → 13.0); NaN for a bound ("<=2x")."""
-    m = re.match(r"\s*(\d+(?:\.\d+)?)x", text or "")
-    return float(m.group(1)) if m else math.nan
+    return t_star, (f"T* = {p} prompts x {r} responses x {number(length)} tokens = {t_star:,.0f} tokens "
+                    f"({number(length)} tokens per response {how})")
 
 
 def fit_cells(raw: pd.DataFrame, t_star: float, n_boot: int = 2000, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -171,10 +166,12 @@ def fit_cells(raw: pd.DataFrame, t_star: float, n_boot: int = 2000, seed: int = 
                 "tokens": float(f["tokens"][i]), "multiple": float(f["multiple"][i]), "multiple_low": float(f["multiple_low"][i]),
                 "multiple_high": float(f["multiple_high"][i]), "residual": float(f["residual"][i]),
             })
-        paper = PAPER_MULTIPLE.get((ident["sampler"], ident["correction"]), "")
+        cell = (ident["sampler"], ident["correction"])
+        paper = P.multiple_text(cell)
         cell_rows.append(ident | {k: f[k] for k in ("beta", "beta_low", "beta_high", "t_star", "multiple_at_t_star",
                                                     "multiple_at_t_star_low", "multiple_at_t_star_high")}
-                         | {"rungs": len(by), "n_boot": n_boot, "paper": paper, "paper_value": paper_value(paper)})
+                         | {"rungs": len(by), "n_boot": n_boot, "paper": paper,
+                            "paper_value": P.MULTIPLE[cell].point if cell in P.MULTIPLE else math.nan})
     return pd.DataFrame(rung_rows), pd.DataFrame(cell_rows)
 
 
@@ -188,15 +185,15 @@ def scaling_table(rungs: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
         for _, r in mine.iterrows():
             rows.append(ident | {
                 "batch": f"{r['prompts']} x {r['responses']}", "reps": r["reps"], "tokens T": round(r["tokens"]),
-                "M [95 % CI]": _ci_text(r["multiple"], r["multiple_low"], r["multiple_high"]),
+                "M [95 % CI]": interval_text(r["multiple"], r["multiple_low"], r["multiple_high"]),
                 "residual M-1-bT": r["residual"], f"b per {BETA_UNIT} tokens [95 % CI]": "", "paper": "",
                 "mean": r["multiple"], "ci_low": r["multiple_low"], "ci_high": r["multiple_high"],
             })
         rows.append(ident | {
             "batch": "T* (extrapolated)", "reps": "", "tokens T": round(c["t_star"]),
-            "M [95 % CI]": _ci_text(c["multiple_at_t_star"], c["multiple_at_t_star_low"], c["multiple_at_t_star_high"]),
+            "M [95 % CI]": interval_text(c["multiple_at_t_star"], c["multiple_at_t_star_low"], c["multiple_at_t_star_high"]),
             "residual M-1-bT": "",
-            f"b per {BETA_UNIT} tokens [95 % CI]": _ci_text(c["beta"] * BETA_UNIT, c["beta_low"] * BETA_UNIT,
+            f"b per {BETA_UNIT} tokens [95 % CI]": interval_text(c["beta"] * BETA_UNIT, c["beta_low"] * BETA_UNIT,
                                                             c["beta_high"] * BETA_UNIT),
             "paper": c["paper"],
             "mean": c["multiple_at_t_star"], "ci_low": c["multiple_at_t_star_low"], "ci_high": c["multiple_at_t_star_high"],

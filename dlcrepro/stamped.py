@@ -3,11 +3,12 @@ checked on every load, so that a file of another run is refused, naming what dif
 
 Three kinds use it: a run's checkpoint (its sidecar names the run: checkpoint.py), a lagged
 sampler's shared rollouts (rollouts.py) and a seed's θ_0 evaluation (initial_eval.py); a finished
-cell's config.yaml is read the same way (celldir.finished_as). All compare identities through one
-function, `mismatch`. A cell's identity is what its numbers depend on (`cell_identity`, the one list
-of those keys), never where it is written, watched or scheduled. The two shared
-files, which stand in for an engine's output, name their model by its weights' hash and the node's
-kernel path (`model_and_kernels`). An identity
+cell's config.yaml is read the same way (celldir.other_numbers, for `finished_as` and
+`finished_here`). All compare identities through one function, `mismatch`. A cell's identity is
+what its numbers depend on (`cell_identity`, the one list of those keys), never where it is
+written, watched or scheduled (`tracking` among those: no identity holds it). The two shared files,
+which stand in for an engine's output, name their model by its weights' hash and the node's kernel
+path (`model_and_kernels`). An identity
 is a dict of plain values (a config section as `to_dict` gives it, names, numbers); it is compared
 as it reads back from JSON (`normal`), so a tuple written is the list read.
 """
@@ -40,7 +41,7 @@ def mismatch(got, want, skip: tuple[str, ...] = ()) -> list[str]:
     """Where two identities differ, as JSON reads them back, leaving out the top-level keys `skip`:
     each difference as 'config.train.lr: 0.15 there, 0.3 here' (at most 4 a level); [] if they are
     the same. The one comparison of identities: a checkpoint's (checkpoint.verify), a finished cell's
-    (celldir.finished_as) and a shared file's (`require_same`)."""
+    (celldir.other_numbers) and a shared file's (`require_same`)."""
     got, want = normal(got), normal(want)
     if isinstance(got, dict) and isinstance(want, dict):
         got, want = ({k: v for k, v in d.items() if k not in skip} for d in (got, want))

@@ -12,46 +12,22 @@ import pandas as pd
 
 from . import analysis as A
 from . import outputs
+from . import paper as P
 from .findings import across_machines, findings_from_input, findings_input, replicates_not_run
-from .intervals import apart
+from .grid import lagged_samplers
+from .intervals import interval_text, number
 from .util import DamagedFileError, atomic_write_text
 
-# PAPER.md's numbers by cell. The paper does not say which model F3–F7 and F10 refer to, so they
-# stand beside every model's cell; F8's 1.9x is Qwen3-0.6B's.
-PAPER_MULTIPLE = {
-    ("fp8", "pg"): "13x (F3)",
-    ("stale", "center"): "32x (F5)",
-    ("stale", "is_center"): "2.1x (F6)",
-    ("stale", "ppo_multi"): "699x (F7)",  # the paper's PPO read as 4 SGD steps per batch (findings.PAPER_PPO); `ppo` is pg's copy
-    ("stale", "dlc"): "<=2x; 0.6B: 1.9x (F8)",
-    ("stale", "is"): "115x (F10)",
-    ("stale", "is_resync"): "2.6x (F10)",
+# The paper's numbers beside ours, as text, from paper.py (their one home). The paper does not say
+# which model F3–F7 and F10 refer to, so they stand beside every model's cell; F8's 1.9x is Qwen3-0.6B's.
+PAPER_ESS = (f"{P.F2_MODEL}: ESS {P.F2_ESS_CROSSING}, Gaussian {P.F2_GAUSSIAN_CROSSING}, "
+             f"IS leaves floor {P.F2_IS_LEAVES_FLOOR} (F2)")  # beside F2's sampler's rows
+PAPER_RESYNC = f"{P.F9_MODEL}: {', '.join(map(str, P.F9_RESYNC_STEPS))} (F9)"  # beside F9's cell's runs
+PAPER_OFF_SUPPORT = {
+    "without": f"~{100 * P.F11_AT_COLLAPSE:.0f} % at collapse, <={100 * P.F11_BEFORE_AT_MOST:.0f} % before (F11)",
+    "with": f"<={100 * P.F11_WITH_RESYNC_AT_MOST:.0f} % through step {P.F11_THROUGH_STEP} (F11)",
 }
-PAPER_ACCURACY = {
-    ("fp8", "center"): "46.5 % (F4)",
-    ("stale", "center"): "12.2 % (F5)",
-    ("stale", "is_center"): "32.0 % (F6)",
-}
-PAPER_ESS = {("stale",): "1.7B: ESS 11, Gaussian 14, IS leaves floor 11 (F2)"}
-PAPER_RESYNC = {("stale", "dlc"): "1.7B: 20, 35, 36 (F9)"}
-PAPER_OFF_SUPPORT = {"without": "~90 % at collapse, <=14 % before (F11)", "with": "<=11 % through step 40 (F11)"}
-PAPER_SPEARMAN = {"off_support": "0.80 (F13)", "noise_floor_multiple": "0.74 (F13)"}
-
-
-def _fmt(x, digits=3):
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "n/a"
-    if isinstance(x, float):
-        return f"{x:.{digits}g}" if abs(x) >= 1e-3 or x == 0 else f"{x:.2e}"
-    return str(x)
-
-
-def _ci_text(mean, lo, hi, margins=()):
-    """"1.21 [0.719, 2.005]": a mean and its interval to 3 significant digits, more where fewer would
-    print an end on or across one of `margins` (intervals.apart); "n/a" without a mean."""
-    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
-        return "n/a"
-    return f"{apart(mean, margins)} [{apart(lo, margins)}, {apart(hi, margins)}]"
+PAPER_SPEARMAN = {m: f"{rho:.2f} (F13)" for m, rho in P.F13_RHO.items()}
 
 
 DIVERGED_MARK = "†"  # beside a number that stops at a run's divergence (docs/method.md#diverged-runs)
@@ -71,10 +47,10 @@ def noise_floor_table(steps: pd.DataFrame, pr: pd.DataFrame) -> pd.DataFrame:
     diverged run is marked † (its M stops at the divergence) and names the runs and steps."""
     s = A.multiple_interval(steps, pr)
     s = s.merge(diverged_runs(pr), on=A.CELL, how="left").fillna({"diverged": "none"})
-    s["M (mean [95 % CI])"] = [_marked(_ci_text(m, lo, hi, M_MARGINS), d)
+    s["M (mean [95 % CI])"] = [_marked(interval_text(m, lo, hi, M_MARGINS), d)
                                for m, lo, hi, d in zip(s["mean"], s["ci_low"], s["ci_high"], s["diverged"])]
     s["runs with a multiple"] = [f"{v}/{n}" for v, n in zip(s["n_valid"], s["n_runs"])]
-    s["paper"] = [PAPER_MULTIPLE.get((a, b), "") for a, b in zip(s["sampler"], s["correction"])]
+    s["paper"] = [P.multiple_text((a, b)) for a, b in zip(s["sampler"], s["correction"])]
     shown = ["M (mean [95 % CI])", "runs with a multiple", "probe_steps", "probed_steps", "diverged", "paper"]
     return s[A.CELL + shown + ["mean", "ci_low", "ci_high"]]
 
@@ -87,32 +63,33 @@ def accuracy_table(pr: pd.DataFrame, name: str = "test accuracy", heldout: pd.Da
     pr = pr.assign(rise=pr["final_test_accuracy"] - pr["initial_test_accuracy"])
     fin, start, rise = (A.mean_interval(pr, c) for c in ("final_test_accuracy", "initial_test_accuracy", "rise"))
     s = fin.merge(start, on=A.CELL, suffixes=("", "_start")).merge(rise, on=A.CELL, suffixes=("", "_rise"))
-    s[f"{name} at step 0"] = [_fmt(m) for m in s["mean_start"]]
-    s[f"{name}, final (mean [95 % CI])"] = [_ci_text(m, lo, hi) for m, lo, hi in zip(s["mean"], s["ci_low"], s["ci_high"])]
-    s["rise (mean [95 % CI])"] = [_ci_text(m, lo, hi) for m, lo, hi in zip(s["mean_rise"], s["ci_low_rise"], s["ci_high_rise"])]
-    pr = pr.assign(_final=[_fmt(a) + (f" ({DIVERGED_MARK} diverged at step {int(d)})" if d == d else "")
+    s[f"{name} at step 0"] = [number(m) for m in s["mean_start"]]
+    s[f"{name}, final (mean [95 % CI])"] = [interval_text(m, lo, hi) for m, lo, hi in zip(s["mean"], s["ci_low"], s["ci_high"])]
+    s["rise (mean [95 % CI])"] = [interval_text(m, lo, hi)
+                                  for m, lo, hi in zip(s["mean_rise"], s["ci_low_rise"], s["ci_high_rise"])]
+    pr = pr.assign(_final=[number(a) + (f" ({DIVERGED_MARK} diverged at step {int(d)})" if d == d else "")
                            for a, d in zip(pr["final_test_accuracy"], pr["diverged_at_step"])])
     per_seed = pr.sort_values("seed").groupby(A.CELL)["_final"].apply("/".join).rename("final per seed")
     s = s.merge(per_seed.reset_index(), on=A.CELL, how="left")
     shown = [f"{name} at step 0", f"{name}, final (mean [95 % CI])", "rise (mean [95 % CI])", "final per seed"]
     if heldout is not None and heldout["final_heldout"].notna().any():
         h0, h1 = (A.mean_interval(heldout.rename(columns={c: "x"}), "x") for c in ("initial_heldout", "final_heldout"))
-        s[f"{A.HELDOUT_GREEDY} at step 0"] = s[A.CELL].merge(h0, on=A.CELL, how="left")["mean"].map(_fmt).to_numpy()
+        s[f"{A.HELDOUT_GREEDY} at step 0"] = s[A.CELL].merge(h0, on=A.CELL, how="left")["mean"].map(number).to_numpy()
         h1 = s[A.CELL].merge(h1, on=A.CELL, how="left")
-        s[f"{A.HELDOUT_GREEDY}, final (mean [95 % CI])"] = [_ci_text(m, lo, hi)
+        s[f"{A.HELDOUT_GREEDY}, final (mean [95 % CI])"] = [interval_text(m, lo, hi)
                                                              for m, lo, hi in zip(h1["mean"], h1["ci_low"], h1["ci_high"])]
         shown += [f"{A.HELDOUT_GREEDY} at step 0", f"{A.HELDOUT_GREEDY}, final (mean [95 % CI])"]
-    s["paper"] = [PAPER_ACCURACY.get((a, b), "") for a, b in zip(s["sampler"], s["correction"])]
+    s["paper"] = [P.accuracy_text((a, b)) for a, b in zip(s["sampler"], s["correction"])]
     return s[A.CELL + shown + ["paper", "mean", "ci_low", "ci_high"]]
 
 
 def ess_crossing_table(pr: pd.DataFrame, correction: str = "is") -> pd.DataFrame:
     """Per model x lagged sampler: empirical vs Gaussian crossing and the step `is` leaves the floor, per seed."""
-    d = pr.loc[pr["sampler"].isin(["stale", "fp8_stale"]) & (pr["correction"] == correction)]
+    d = pr.loc[pr["sampler"].isin(lagged_samplers()) & (pr["correction"] == correction)]
     rows = []
     for (model, sampler), g in d.groupby(["model", "sampler"]):
         g = g.sort_values("seed")
-        lst = lambda c: ", ".join(_fmt(v) for v in g[c])  # noqa: E731
+        lst = lambda c: ", ".join(number(v) for v in g[c])  # noqa: E731
         rows.append({
             "model": model, "sampler": sampler, "correction": correction,
             "ESS < 1/2 at step (per seed)": lst("ess_crossing_step"),
@@ -120,7 +97,7 @@ def ess_crossing_table(pr: pd.DataFrame, correction: str = "is") -> pd.DataFrame
             f"{correction} leaves the floor (per seed)": lst("leave_floor_step"),
             "diverged (per seed)": ", ".join(f"{DIVERGED_MARK} at step {int(v)}" if v == v else "no"
                                              for v in g["diverged_at_step"]),
-            "paper": PAPER_ESS.get((sampler,), ""),
+            "paper": PAPER_ESS if sampler == P.F2_SAMPLER else "",
         })
     return pd.DataFrame(rows)
 
@@ -130,7 +107,7 @@ def resync_table(pr: pd.DataFrame) -> pd.DataFrame:
     out = d[A.RUN].copy()
     out["resync steps"] = [", ".join(map(str, json.loads(s))) or "none" for s in d["resync_steps"]]
     out["diverged"] = [f"{DIVERGED_MARK} at step {int(v)}" if v == v else "no" for v in d["diverged_at_step"]]
-    out["paper"] = [PAPER_RESYNC.get((s, c), "") for s, c in zip(d["sampler"], d["correction"])]
+    out["paper"] = [PAPER_RESYNC if (s, c) == P.F9_CELL else "" for s, c in zip(d["sampler"], d["correction"])]
     return out
 
 
@@ -178,9 +155,9 @@ def zoo_table(steps: pd.DataFrame, pr: pd.DataFrame, name: str = "test accuracy"
         g["rank by accuracy"] = g["accuracy_mean"].where(finished).rank(ascending=False, method="min").astype("Int64")
         rows.append(g.drop(columns="_unranked"))
     t = pd.concat(rows, ignore_index=True)
-    t["truncated tokens"] = [_fmt(v) for v in t.get("corr_clipped_share", pd.Series(math.nan, index=t.index))]
-    t["dropped tokens"] = [_fmt(v) for v in t.get("corr_masked_share", pd.Series(math.nan, index=t.index))]
-    t["largest weight"] = [_fmt(v) for v in t.get("corr_weight_max", pd.Series(math.nan, index=t.index))]
+    t["truncated tokens"] = [number(v) for v in t.get("corr_clipped_share", pd.Series(math.nan, index=t.index))]
+    t["dropped tokens"] = [number(v) for v in t.get("corr_masked_share", pd.Series(math.nan, index=t.index))]
+    t["largest weight"] = [number(v) for v in t.get("corr_weight_max", pd.Series(math.nan, index=t.index))]
     for col in ("rank by M", "rank by accuracy"):
         t[col] = [str(int(v)) if not pd.isna(v) else "—" for v in t[col]]
     t["probe steps in M"] = [f"{int(a)} of {int(b)}" if b == b else "n/a" for a, b in zip(t["probe_steps"], t["probed_steps"])]
@@ -201,7 +178,7 @@ def diverged_runs(pr: pd.DataFrame) -> pd.DataFrame:
 
 def spearman_out(steps: pd.DataFrame, drops: pd.DataFrame, n_boot: int = 1000) -> pd.DataFrame:
     t = A.spearman_table(steps, drops, n_boot=n_boot)
-    t["rho [95 % CI]"] = [f"{_fmt(r)} [{_fmt(lo)}, {_fmt(hi)}]" for r, lo, hi in zip(t["rho"], t["ci_low"], t["ci_high"])]
+    t["rho [95 % CI]"] = [f"{number(r)} [{number(lo)}, {number(hi)}]" for r, lo, hi in zip(t["rho"], t["ci_low"], t["ci_high"])]
     t["paper"] = [PAPER_SPEARMAN[m] for m in t["measure"]]
     return t
 
@@ -260,7 +237,7 @@ TEX_FLOAT_MAX_PT = 275.0
 
 
 def _tex_cells(df: pd.DataFrame) -> dict[str, list[str]]:
-    return {c: [str(c)] + [_fmt(v) for v in df[c]] for c in df.columns}
+    return {c: [str(c)] + [number(v) for v in df[c]] for c in df.columns}
 
 
 def _longest_word(texts: list[str]) -> int:
@@ -321,7 +298,7 @@ def to_tex(df: pd.DataFrame, caption: str) -> str:
     cols = list(df.columns)
     size, spec = tex_font(df)[0], tex_column_spec(df)
     header = [r"\toprule", " & ".join(_tex_escape(str(c)) for c in cols) + r" \\", r"\midrule"]
-    body = [" & ".join(_tex_escape(_fmt(v)) for v in r) + r" \\" for _, r in df.iterrows()]
+    body = [" & ".join(_tex_escape(number(v)) for v in r) + r" \\" for _, r in df.iterrows()]
     if tex_height(df, caption) <= TEX_FLOAT_MAX_PT:
         lines = [r"% needs \usepackage{booktabs,array}", r"\begin{table}[t]", r"\centering", size,
                  rf"\caption{{{_tex_escape(caption)}}}", r"\begin{tabular}{" + spec + "}", *header, *body, r"\bottomrule",
@@ -339,7 +316,7 @@ def to_md(df: pd.DataFrame, caption: str) -> str:
     cols = list(df.columns)
     out = [f"{caption}", "", "| " + " | ".join(map(str, cols)) + " |", "|" + "---|" * len(cols)]
     for _, r in df.iterrows():
-        out.append("| " + " | ".join(_fmt(v).replace("|", "/") for v in r) + " |")
+        out.append("| " + " | ".join(number(v).replace("|", "/") for v in r) + " |")
     return "\n".join(out) + "\n"
 
 
@@ -390,9 +367,9 @@ def _md_table(text: str) -> tuple[str, list[str], list[list[str]]]:
 
 
 def _as_written(text: str) -> str:
-    """A .csv cell as a table shows it: a float to 3 significant digits (_fmt), an integer or text as it is."""
+    """A .csv cell as a table shows it: a float to 3 significant digits (`intervals.number`), an integer or text as it is."""
     try:
-        return text if text.lstrip("-").isdigit() else _fmt(float(text))
+        return text if text.lstrip("-").isdigit() else number(float(text))
     except ValueError:
         return text
 
@@ -481,7 +458,7 @@ def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 
     t = {
         "noise_floor": noise_floor_table(steps, pr),
         "accuracy": accuracy_table(pr, name, A.final_heldout(steps, pr)),
-        "ess_crossing": absent(ess_crossing_table(pr), "no `is` run under a lagged sampler (stale, fp8_stale)"),
+        "ess_crossing": absent(ess_crossing_table(pr), f"no `is` run under a lagged sampler ({', '.join(lagged_samplers())})"),
         "resync": absent(resync_table(pr), "no run of a correction with resync (dlc, is_resync)"),
         "off_support": absent(off_support_table(drops), "no accuracy drops: they need the bf16/pg reference and another cell"),
         "spearman": absent(spearman_out(distinct_steps, drops, n_boot),

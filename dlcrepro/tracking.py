@@ -27,15 +27,37 @@ import os
 import time
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol
-
-if TYPE_CHECKING:
-    from .config import Config, TrackingConfig
+from typing import Any, Callable, Literal, Protocol
 
 EXTRA = "dlcrepro[tracking]"  # the optional extra that installs every backend
 ENV = "DLCREPRO_TRACKING"  # the workflow hands its jobs the study's `tracking` section here (JSON)
 IDS_FILE = "tracking.json"  # in the cell's directory: each backend's run id, which a resumed run continues
+
+
+@dataclass
+class TrackingConfig:
+    """The config's `tracking` section (config.Config.tracking), declared by the room that reads it."""
+
+    backends: list[str] = field(default_factory=list)
+    """experiment trackers each training step's metrics row also goes to, any of tensorboard,
+    wandb, mlflow (pip install 'dlcrepro[tracking]'); empty: none, metrics.parquet alone."""
+    project: str = ""
+    """the W&B project and MLflow experiment of the runs ("": dlcrepro-<name>)."""
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """W&B: "offline" writes each run's files under wandb_dir, uploaded later by `wandb sync` (no
+    network, as on compute nodes); "online" streams them to the W&B server."""
+    wandb_entity: str = ""
+    """W&B: the user or team the project belongs to ("": the logged-in user's default)."""
+    wandb_dir: str = ""
+    """W&B: where run files are written ("": <results_dir>/_wandb)."""
+    mlflow_uri: str = ""
+    """MLflow tracking URI: a server (http://host:5000) or a database (sqlite:///path.db) ("":
+    $MLFLOW_TRACKING_URI, else the SQLite database <results_dir>/_mlflow.db)."""
+    tensorboard_dir: str = ""
+    """TensorBoard: the log directory, a subdirectory <model>/<sampler>/<correction>/seed<k> per
+    run ("": <results_dir>/_tensorboard)."""
 
 
 class Tracker(Protocol):
@@ -93,10 +115,11 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def cell_params(cfg: "Config", cell: dict) -> dict[str, Any]:
+def cell_params(cfg, cell: dict) -> dict[str, Any]:
     """The run's parameters: the cell (model, sampler, correction, seed, model_dir) and the config
-    it trains under, under the config's own dotted keys (those `--set` takes): `name`, `task.*`,
-    `engine.*`, `train.*` with the model's overrides applied, and `models.<model>.*`."""
+    `cfg` (a config.Config) it trains under, under the config's own dotted keys (those `--set`
+    takes): `name`, `task.*`, `engine.*`, `train.*` with the model's overrides applied, and
+    `models.<model>.*`."""
     model = dataclasses.asdict(cfg.models[cell["model"]])
     model.pop("train", None)  # already applied in `train`
     return flatten({
@@ -130,7 +153,7 @@ class Backend:
 
     name, package, modules = "", "", ()
 
-    def __init__(self, tc: "TrackingConfig", first_step: int, run_id: str = ""):
+    def __init__(self, tc: TrackingConfig, first_step: int, run_id: str = ""):
         self.tc, self.first_step, self.run_id = tc, first_step, run_id
 
 
@@ -352,7 +375,7 @@ class Trackers:
         self._each("finish", lambda t: t.finish(summary))
 
 
-def resolved(tc: "TrackingConfig", results_dir: str | Path, name: str) -> "TrackingConfig":
+def resolved(tc: TrackingConfig, results_dir: str | Path, name: str) -> TrackingConfig:
     """`tc` with its defaults filled in: the project `dlcrepro-<name>`, the W&B and TensorBoard
     directories under `results_dir`, and the MLflow URI from $MLFLOW_TRACKING_URI, else the SQLite
     database `<results_dir>/_mlflow.db` (MLflow 3 refuses a new directory store)."""
@@ -366,8 +389,8 @@ def resolved(tc: "TrackingConfig", results_dir: str | Path, name: str) -> "Track
     )
 
 
-def open_trackers(cfg: "Config", out: Path, note: Callable[[str], None], first_step: int) -> Trackers:
-    """The backends `cfg.tracking` names for the cell in `out`, not yet started; a resumed run
+def open_trackers(cfg, out: Path, note: Callable[[str], None], first_step: int) -> Trackers:
+    """The backends `cfg.tracking` (`cfg` a config.Config) names for the cell in `out`, not yet started; a resumed run
     (`first_step` > 1, or ids left in the cell's IDS_FILE) continues the runs it had."""
     tc = resolved(cfg.tracking, cfg.results_dir, cfg.name)
     ids_file = Path(out) / IDS_FILE

@@ -30,10 +30,10 @@ from .config import Config, ConfigError
 from .diagnostics import EVAL_COLUMNS, BatchTerms, ProbeTerms, missing, step_metrics
 from .divergence import Diverged, blown_up, check_direction_finite, check_finite, check_weights_finite, ended, largest_abs_weight
 from .engine import Rollout, SyncCheckError, VLLMEngine
-from .grid import get_sampler
+from .grid import PROBE_PRECISION, get_sampler
 from .learner import BatchLogProbs, Learner, Probes, Scored
 from .model import load_model, load_tokenizer, make_token_batch
-from .phases import PHASES
+from .phases import PHASES, Schedule
 from .procs import pause_point
 from .registry import engine_topk, updates_per_batch
 from .seeds import derive_seed, step_problems
@@ -110,10 +110,10 @@ class Trainer(Learner):
             self.eval_problems, self.eval_prompts = self.test_problems, self.test_prompts
         # engines take the model's own context length
         self.engine = VLLMEngine(str(model_dir), cfg.engine, self.sampler.precision, seed)
-        # The on-policy probe/eval engine is BF16 synced to θ_t: for the always-synced bf16 sampler
-        # that is the run's own engine.
-        shared = self.sampler.precision == "bf16" and self.sampler.always_synced
-        self.probe_engine = self.engine if shared else VLLMEngine(str(model_dir), cfg.engine, "bf16", seed)
+        # The on-policy probe/eval engine (grid.PROBE_PRECISION, synced to θ_t): the run's own where
+        # the sampler is that engine (Sampler.is_probe_engine).
+        self.probe_engine = (self.engine if self.sampler.is_probe_engine
+                             else VLLMEngine(str(model_dir), cfg.engine, PROBE_PRECISION, seed))
         self.held: dict[str, int] = {}  # engine name (engine_name) -> the version this run last loaded into it
         self.sync_checks: list[dict] = []  # one per checked weight sync: engine, version, discrepancy, seconds
         # per engine name: the largest |weight| of the last version it matched; saved in the
@@ -291,7 +291,8 @@ class Trainer(Learner):
         row = {"step": k, "sync_version": cell.sampler_version, "resync": int(resync), "ess_lag_presync": ess_presync,
                **batch.metrics}
 
-        probing = k % t.probe_every == 0 or k == t.steps  # the last step too: its eval needs its off-support
+        schedule = Schedule.of(t)
+        probing = schedule.probes(k)
         with timer("probe"):
             probes = self.probe_batches(k, cell, idx, prompts) if probing else None
 
@@ -312,7 +313,7 @@ class Trainer(Learner):
 
         row.update(step_metrics("probe", self.probe_terms(g_c, probes)) if probing else missing("probe"))
         with timer("eval"):
-            evaluating = k % t.eval_every == 0 or k == t.steps
+            evaluating = schedule.evaluates(k)
             row.update(self.evaluate(k) if evaluating else dict.fromkeys(EVAL_COLUMNS, math.nan))
         check_finite(k, row)
         return row
@@ -378,7 +379,7 @@ def train_steps(tr: Trainer, cell: Cell, ckpt: Path, run: dict, note, desc: str,
     steps (not after the last) and sending each finished row to the trackers; the seconds spent
     per phase, summed over these steps. A run that diverges ends there, its rows so far kept."""
     totals = dict.fromkeys(PHASES, 0.0)
-    steps = tr.tcfg.steps
+    steps, schedule = tr.tcfg.steps, Schedule.of(tr.tcfg)
     bar = tqdm(total=steps, initial=cell.step, desc=desc, unit="step", mininterval=2.0)
     while cell.step < steps:
         timer = PhaseTimer()
@@ -389,7 +390,7 @@ def train_steps(tr: Trainer, cell: Cell, ckpt: Path, run: dict, note, desc: str,
             note(f"{e}; the run ends with its {len(cell.rows)} finished step(s), and its final test accuracy counts as 0")
             break
         cell.rows.append({**row, **{f"sec_{p}": v for p, v in timer.sec.items()}})
-        if tr.tcfg.ckpt_every and cell.step % tr.tcfg.ckpt_every == 0 and cell.step < steps:
+        if schedule.checkpoints(cell.step):
             # the checkpoint holds this row before its own writing time is known: NaN there (what a
             # run resumed from it keeps), the time itself here once written
             cell.rows[-1]["sec_checkpoint"] = math.nan

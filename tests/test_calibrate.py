@@ -22,7 +22,7 @@ from dlcrepro.cluster import (
     projection_error_totals,
     projection_errors,
 )
-from dlcrepro.cluster.calibrate import cost_class, phase_counts
+from dlcrepro.cluster.calibrate import cost_class, measurements, phase_counts, phase_rates
 from dlcrepro.cluster.cells import grid_cells
 from dlcrepro.cluster.resources import job_resources
 from dlcrepro.grid import computed_as
@@ -95,8 +95,7 @@ def test_the_start_up_is_projected_as_the_pilot_started_and_set_apart_in_the_err
     ran = {"kind": "pilot", "name": pilot.name, "class": cost_class(cfg, pilot.model, pilot.sampler, pilot.correction),
            "steps": 2,
            "wall_s": 30.0, "peak_host_mb": 1000.0, "torch_peak_bytes": None, "kv_cache_bytes": None,
-           "process": "fork server child", "startup_s": 0.5, **{f"sec_{p}": 1.0 for p in PHASES},
-           **{f"n_{p}": counts[p] for p in PHASES}}
+           "process": "fork server child", "startup_s": 0.5, "seconds": dict.fromkeys(PHASES, 1.0), "counts": counts}
     rows = {(r["kind"], r["name"]): r for r in project(cfg, [ran])}
     cell = f"{pilot.model}/{pilot.sampler}/{pilot.correction}/seed0"
     grid = rows[("train", cell)]
@@ -110,3 +109,17 @@ def test_the_start_up_is_projected_as_the_pilot_started_and_set_apart_in_the_err
     assert e["error"] < e["work_error"]  # the wall time holds the 10 s of imports the projection did not
     totals = projection_error_totals([e])
     assert totals["cells"] == totals["work_cells"] == 1 and totals["work_total"] == pytest.approx(e["work_error"])
+
+
+def test_a_trained_cells_measurement_holds_its_seconds_and_counts_by_phase(tmp_path):
+    cfg = load_merged([str(PAPER)])
+    c = next(c for c in grid_cells(cfg) if c.same_as is None and c.sampler == "bf16")
+    steps = cfg.train_for(c.model).steps
+    (tmp_path / c.name).mkdir(parents=True)
+    (tmp_path / c.name / "summary.json").write_text(json.dumps({
+        "steps": steps, "wall_seconds": 100.0, "seconds_by_phase": dict.fromkeys(PHASES, 2.0), "process": "own process",
+        "startup_seconds": 5.0}))
+    (row,) = measurements(cfg, tmp_path)
+    assert (row["kind"], row["name"], row["wall_s"], row["startup_s"]) == ("train", c.name, 100.0, 5.0)
+    assert row["seconds"] == dict.fromkeys(PHASES, 2.0) and row["counts"] == phase_counts(cfg, c.model, c.sampler, steps)
+    assert phase_rates([row])[row["class"]]["per"]["eval"] == 2.0 / row["counts"]["eval"]

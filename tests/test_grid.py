@@ -12,7 +12,8 @@ import yaml
 
 from conftest import ROOT, SMOKE
 from dlcrepro.config import TrainConfig, to_dict
-from dlcrepro.grid import SAMPLERS, computed_as
+from dlcrepro import grid
+from dlcrepro.grid import SAMPLERS, Sampler, computed_as
 from dlcrepro.registry import CORRECTION_INFO
 
 CORRECTIONS = list(CORRECTION_INFO)  # every registered correction: a new one is checked too
@@ -27,6 +28,24 @@ def test_the_grid_module_imports_without_torch():
     code = "import sys, dlcrepro.grid, dlcrepro.config, dlcrepro.registry; assert 'torch' not in sys.modules, 'torch imported'"
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
+
+
+def test_the_schemas_sampler_enum_is_the_registry():
+    schema = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    assert schema["properties"]["grid"]["properties"]["samplers"]["items"]["enum"] == list(SAMPLERS)
+
+
+def test_a_samplers_properties_are_the_registrys():
+    assert grid.lagged_samplers() == ("stale", "fp8_stale")
+    assert [s.name for s in SAMPLERS.values() if s.is_probe_engine] == ["bf16"] == [grid.probe_engine_sampler()]
+    assert len({s.colour for s in SAMPLERS.values()}) == len(SAMPLERS)
+
+
+def test_a_sampler_registered_without_a_colour_gets_one_of_its_own(monkeypatch):
+    monkeypatch.setattr(grid, "SAMPLERS", dict(SAMPLERS))
+    fifth = grid.register_sampler(Sampler("fp8_lagged_more", "fp8", False))
+    assert fifth.colour and fifth.colour not in {s.colour for n, s in grid.SAMPLERS.items() if n != fifth.name}
+    assert fifth.colour not in ("k", "#000000") and grid.lagged_samplers()[-1] == "fp8_lagged_more"
 
 
 def test_which_cells_are_another_cells_run():

@@ -122,7 +122,7 @@ def check_the_pilot_and_its_calibration(results: Path, cfg: list[str]) -> dict:
         k = rates[r["class"]]
         assert k["fixed_s"] > 0 and k["per"]["sample"] > 0 and k["per"]["checkpoint"] > 0
         assert r["process"] in ("own process", "fork server child") and r["startup_s"] >= 0
-        assert (sum(k["per"][p] * r[f"n_{p}"] for p in k["per"] if k["per"][p]) + k["fixed_s"] + r["startup_s"]
+        assert (sum(k["per"][p] * r["counts"][p] for p in k["per"] if k["per"][p]) + k["fixed_s"] + r["startup_s"]
                 == pytest.approx(r["wall_s"]))
 
     projected = {(r["kind"], r["name"]): r for r in project(study, measured)}

@@ -27,10 +27,11 @@ import hashlib
 import json
 import math
 from pathlib import Path
+from typing import TypedDict
 
 from ..config import Config, to_dict
 from ..grid import computed_as, get_sampler
-from ..phases import ENGINE_PHASES, PHASES
+from ..phases import ENGINE_PHASES, PHASES, Schedule
 from ..registry import correction_info, engine_topk, updates_per_batch
 from .cells import GridCell, grid_cells, initial_eval_jobs, rollouts_jobs
 from .costs import estimated_minutes, initial_eval_minutes, rollouts_minutes
@@ -118,13 +119,13 @@ def phase_counts(cfg: Config, model: str, sampler: str, steps: int, first: int =
     its correction `resyncs`: it reads them only until its first resync, which no schedule says, so
     it is counted as sampling every step (as the cost model counts it: plan.py)."""
     t = cfg.train_for(model)
-    every = {"eval_every": t.eval_every, "probe_every": t.probe_every, "ckpt_every": t.ckpt_every, **(train_overrides or {})}
+    schedule = Schedule.of(t, steps=steps, **(train_overrides or {}))
     ks = range(first, steps + 1)
     shared = 0 if resyncs else get_sampler(sampler).shared_steps(steps, t.sync_every)
     counts = dict.fromkeys(PHASES, len(ks))
-    counts["probe"] = sum(k % every["probe_every"] == 0 or k == steps for k in ks)
-    counts["eval"] = sum(k % every["eval_every"] == 0 or k == steps for k in ks)
-    counts["checkpoint"] = sum(bool(every["ckpt_every"]) and k % every["ckpt_every"] == 0 and k < steps for k in ks)
+    counts["probe"] = schedule.count(schedule.probes, first)
+    counts["eval"] = schedule.count(schedule.evaluates, first)
+    counts["checkpoint"] = schedule.count(schedule.checkpoints, first)
     for p in ENGINE_PHASES:
         counts[p] = sum(k > shared for k in ks)
     return counts
@@ -149,7 +150,21 @@ def _benchmark(path: Path) -> dict[str, float]:
     return out
 
 
-def _job_row(kind: str, name: str, bench: dict, summary: dict | None = None) -> dict:
+# One finished job as `measurements` reads it back. "class": its cost class (`cost_class`; a
+# rollouts job's model|sampler, a θ_0 evaluation's model, "copy"); wall_s: Snakemake's benchmark,
+# else the summary's; peak_host_mb: the larger of the benchmark's and the summary's; the device's
+# peaks (None on a CPU). A trained cell's also: its steps, how its process started and its start-up
+# seconds, and per phase (phases.PHASES) the seconds it spent (`seconds`) over the steps it timed and
+# how often the phase ran in them (`counts`, phase_counts).
+MeasuredJob = TypedDict("MeasuredJob", {
+    "kind": str, "name": str, "class": str, "wall_s": float | None, "peak_host_mb": float | None,
+    "torch_peak_bytes": int | None, "kv_cache_bytes": dict | None,
+    "steps": int, "process": str | None, "startup_s": float | None,
+    "seconds": dict[str, float], "counts": dict[str, int],
+}, total=False)
+
+
+def _job_row(kind: str, name: str, bench: dict, summary: dict | None = None) -> MeasuredJob:
     mem = [v for v in (bench.get("max_rss"), (summary or {}).get("peak_host_rss_mb")) if v is not None and not math.isnan(v)]
     wall = bench.get("s")
     if wall is None and summary is not None:
@@ -159,14 +174,14 @@ def _job_row(kind: str, name: str, bench: dict, summary: dict | None = None) -> 
             "torch_peak_bytes": device.get("torch_max_allocated_bytes"), "kv_cache_bytes": device.get("engine_kv_cache_bytes")}
 
 
-def measurements(cfg: Config, results: Path) -> list[dict]:
+def measurements(cfg: Config, results: Path) -> list[MeasuredJob]:
     """One row per finished job of this config's grid and pilot under `results`: kind (train, pilot,
     copy, rollouts, initial_eval), name, class, wall_s, peak_host_mb, device memory (absent on a CPU),
-    and for a trained cell its phase seconds (`sec_<phase>`) and how often each ran (`n_<phase>`)
+    and for a trained cell its phase seconds (`seconds`) and how often each ran (`counts`)
     over the steps it timed (a resumed cell's summary times those since its resumption)."""
     results = Path(results)
     bench_dir = results / "_benchmarks"
-    rows: list[dict] = []
+    rows: list[MeasuredJob] = []
     cells = [("train", c) for c in grid_cells(cfg)] + [("pilot", c) for c in pilot_cells(cfg)]
     for kind, c in cells:
         base = results / PILOT_DIR if kind == "pilot" else results
@@ -188,12 +203,9 @@ def measurements(cfg: Config, results: Path) -> list[dict]:
             # so its sampling and syncs teach no rate (their seconds stay in its fixed part's sum)
             for p in ENGINE_PHASES:
                 counts[p] = 0
-        row = {**_job_row(kind, c.name, bench, summary), "class": cost_class(cfg, c.model, c.sampler, c.correction),
-               "steps": steps,
-               "process": summary.get("process"), "startup_s": summary.get("startup_seconds")}
-        row.update({f"sec_{p}": seconds[p] for p in PHASES})
-        row.update({f"n_{p}": counts[p] for p in PHASES})
-        rows.append(row)
+        rows.append({**_job_row(kind, c.name, bench, summary), "class": cost_class(cfg, c.model, c.sampler, c.correction),
+                     "steps": steps, "process": summary.get("process"), "startup_s": summary.get("startup_seconds"),
+                     "seconds": seconds, "counts": counts})
     for m, s, seed in rollouts_jobs(cfg):
         name = f"{m}/{s}/seed{seed}"
         if (results / "_rollouts" / f"{name}.pt").exists():
@@ -212,13 +224,13 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
 
 
-def phase_rates(measured: list[dict]) -> dict[str, dict]:
+def phase_rates(measured: list[MeasuredJob]) -> dict[str, dict]:
     """Per trained-cell cost class: each phase's seconds per occurrence (Σ seconds / Σ occurrences
     over the class's measured cells that it occurred in), its fixed seconds (mean of wall − Σ those
     phases − the process's start-up: a phase a cell has no count of, as a lagged cell's reading of
     its shared steps, stays in its fixed part), its peak host memory (the largest), and the cells
     it came from."""
-    by_class: dict[str, list[dict]] = {}
+    by_class: dict[str, list[MeasuredJob]] = {}
     for r in measured:
         if r["kind"] in ("train", "pilot") and r["wall_s"] is not None:
             by_class.setdefault(r["class"], []).append(r)
@@ -226,17 +238,17 @@ def phase_rates(measured: list[dict]) -> dict[str, dict]:
     for k, rows in by_class.items():
         per = {}
         for p in PHASES:
-            n = sum(r[f"n_{p}"] for r in rows)
-            per[p] = sum(r[f"sec_{p}"] for r in rows if r[f"n_{p}"]) / n if n else None
-        fixed = _mean([max(0.0, r["wall_s"] - sum(r[f"sec_{p}"] for p in PHASES if r[f"n_{p}"]) - (r.get("startup_s") or 0.0))
-                       for r in rows])
+            n = sum(r["counts"][p] for r in rows)
+            per[p] = sum(r["seconds"][p] for r in rows if r["counts"][p]) / n if n else None
+        fixed = _mean([max(0.0, r["wall_s"] - sum(r["seconds"][p] for p in PHASES if r["counts"][p])
+                            - (r.get("startup_s") or 0.0)) for r in rows])
         mem = [r["peak_host_mb"] for r in rows if r["peak_host_mb"] is not None]
         rates[k] = {"per": per, "fixed_s": fixed, "peak_host_mb": max(mem) if mem else None,
                     "from": [f"{r['kind']} {r['name']}" for r in rows]}
     return rates
 
 
-def startup(measured: list[dict]) -> dict | None:
+def startup(measured: list[MeasuredJob]) -> dict | None:
     """The start-up a trained job's projection adds: how the measured trained jobs' processes
     mostly started (their own, importing torch and vLLM, as every Slurm job does; or forked by the
     local executor's fork server) and the mean start-up seconds of those that started so. It
@@ -251,7 +263,7 @@ def startup(measured: list[dict]) -> dict | None:
     return {"process": most, "seconds": _mean(same), "jobs": len(same)}
 
 
-def _plain(measured: list[dict], kind: str) -> dict[str, dict]:
+def _plain(measured: list[MeasuredJob], kind: str) -> dict[str, dict]:
     """Per class of a job kind without phases (rollouts, initial_eval, copy): mean wall seconds and
     the largest peak host memory of its finished jobs."""
     out: dict[str, dict] = {}
@@ -297,7 +309,7 @@ def all_jobs(cfg: Config) -> list[dict]:
     return jobs
 
 
-def project(cfg: Config, measured: list[dict]) -> list[dict]:
+def project(cfg: Config, measured: list[MeasuredJob]) -> list[dict]:
     """One row per job (all_jobs): its uncalibrated request and cost-model minutes, then its minutes
     and where they come from (`source`: measured, the job ran; projected, from its class's
     measurements; assumed, none: the cost model's, or none at all), and the requests they give
@@ -434,7 +446,7 @@ def calibration_text(cfg: Config, projected: list[dict], written: Path | None = 
     return "\n".join(lines)
 
 
-def projection_errors(calibrated: dict, measured: list[dict]) -> list[dict]:
+def projection_errors(calibrated: dict, measured: list[MeasuredJob]) -> list[dict]:
     """Per job that a calibration projected and has since run: projected and measured minutes, the
     relative error (projected / measured − 1), and for a trained cell how its process started and
     the error on its work, start-up set apart on both sides (`work_error`): a local run's jobs

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..config import Config
 from ..grid import get_sampler
+from ..phases import Schedule
 from ..registry import updates_per_batch
 
 # docs/cluster.md, "Runtime and GPU-hours": the trainer's share of a paper step measured on one H200
@@ -61,9 +62,9 @@ def estimated_minutes(cfg: Config, model: str, correction: str | None = None) ->
     engine_tokens = batch * RESPONSE_TOKENS * (1 + 2 * probe_share)  # the run's batch and two probe batches
     trainer = cost.logprobs_s + sgd_steps * cost.correction_s + probe_share * cost.probes_s
     step = scale * trainer + engine_tokens / cost.engine_tokens_per_s + cost.sync_s
-    eval_steps = {k for k in range(1, t.steps + 1) if k % t.eval_every == 0} | {t.steps}
+    schedule = Schedule.of(t)
     # each eval step's; θ_0's is its seed's initial_eval job's (initial_eval_minutes)
-    evals = len(eval_steps) * eval_answers_per_eval(cfg, model) * RESPONSE_TOKENS / cost.engine_tokens_per_s
+    evals = schedule.count(schedule.evaluates) * eval_answers_per_eval(cfg, model) * RESPONSE_TOKENS / cost.engine_tokens_per_s
     return (t.steps * step + evals + ENGINE_START_S) / 60
 
 
@@ -81,7 +82,7 @@ def failure_minutes(cfg: Config, model: str, correction: str | None = None) -> f
         return None
     t = cfg.train_for(model)
     start = ENGINE_START_S / 60
-    return min(t.ckpt_every or t.steps, t.steps) * (est - start) / t.steps + start
+    return Schedule.of(t).steps_lost_at_most() * (est - start) / t.steps + start
 
 
 def initial_eval_minutes(cfg: Config, model: str) -> float | None:

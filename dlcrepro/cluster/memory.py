@@ -102,8 +102,8 @@ class PeakMemory:
 
 def engines_per_job(cfg: Config) -> int:
     """Two engines (the run's and the BF16 probe engine), one where the sampler is that engine
-    (`bf16`, always synced): the most any of the grid's samplers starts."""
-    return max(1 if (s.precision == "bf16" and s.always_synced) else 2 for s in map(get_sampler, cfg.grid.samplers))
+    (Sampler.is_probe_engine): the most any of the grid's samplers starts."""
+    return max(1 if s.is_probe_engine else 2 for s in map(get_sampler, cfg.grid.samplers))
 
 
 def micro_batch_rows(cfg: Config, model: str, response_tokens: int) -> int:
