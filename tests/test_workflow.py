@@ -51,6 +51,26 @@ def test_paper_grid_is_168_training_jobs(tmp_path):
     assert jobs["train"] == "168" and "warmstart" not in jobs  # hf models are not warm-started
 
 
+@pytest.mark.snakemake
+def test_a_jobs_threads_come_from_the_config_not_from_cores(tmp_path):
+    """Snakemake caps `{threads}` at `--cores`; OpenMP's threads, which change a cell's float results,
+    are the config's: under `--cores 1` and `--cores 2` every job's command line is the same."""
+    cfg = yaml.safe_load(SMOKE.read_text())
+    cfg["models"]["tiny"]["resources"] = {**cfg["models"]["tiny"].get("resources", {}), "cpus_per_task": 2}
+    path = tmp_path / "two-threads.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    cell = tmp_path / "results" / "tiny" / "bf16" / "pg" / "seed0" / "summary.json"
+    commands = {}
+    for cores in (1, 2):
+        p = snakemake("-n", "-p", "--cores", str(cores), "--configfile", str(path), "--config",
+                      f"results_dir={tmp_path / 'results'}", f"artifacts={tmp_path / 'artifacts'}", "--", str(cell))
+        assert p.returncode == 0, p.stderr[-3000:]
+        commands[cores] = sorted(re.findall(r"OMP_NUM_THREADS=\S+ [^\n]*", p.stdout + p.stderr))
+    assert commands[1] == commands[2], commands
+    threads = {re.search(r"-m dlcrepro ([\w-]+)", c).group(1): c.split()[0] for c in commands[1]}
+    assert threads.get("train") == threads.get("warmstart") == "OMP_NUM_THREADS=2", threads
+
+
 @pytest.mark.parametrize("files", [["configs/zoo.yaml"], ["configs/tiny.yaml", "configs/zoo.yaml"]])
 @pytest.mark.snakemake
 def test_the_zoo_overlay_stands_on_its_own(files, tmp_path):

@@ -277,6 +277,14 @@ def job_resource(job, name):
     return get
 
 
+def job_threads(job):
+    """The OpenMP threads of a job of kind `job`, from the config (its cpus_per_task), never from
+    snakemake's `{threads}`, which `--cores` caps: a cell's numbers must not depend on the cores
+    snakemake was given (float reductions differ with the thread count)."""
+    cpus = job_resource(job, "cpus_per_task")
+    return lambda wildcards: cpus(wildcards)
+
+
 # ----------------------------------------------------------------------------- the pilot
 # The jobs that time every phase before the grid is submitted (workflow/rules/pilot.smk,
 # dlcrepro/cluster/calibrate.py).

@@ -28,12 +28,13 @@ rule pilot_cell:
         mem_mb=job_resource("pilot", "mem_mb"),
         cpus_per_task=job_resource("pilot", "cpus_per_task"),
     params:
+        threads=job_threads("pilot"),  # OpenMP's, from the config: not capped by --cores
         python=PYTHON,
         model_dir=model_dir_arg,
         out=output_parent,
         pilot=PILOT_SET,
     shell:
-        "OMP_NUM_THREADS={threads} {params.python} -m dlcrepro train --config {input.cfg} {params.pilot} --model {wildcards.model} "
+        "OMP_NUM_THREADS={params.threads} {params.python} -m dlcrepro train --config {input.cfg} {params.pilot} --model {wildcards.model} "
         "--model-dir {params.model_dir} --sampler {wildcards.sampler} --correction {wildcards.correction} "
         "--seed {wildcards.seed} --initial {input.initial} --out {params.out} > {log} 2>&1"
 

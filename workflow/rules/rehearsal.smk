@@ -15,9 +15,10 @@ rule rehearsal_assets:
     resources:
         cpus_per_task=2,
     params:
+        threads=2,  # OpenMP's, as `threads`: not capped by --cores
         python=PYTHON,
         cache=hub_cache_of,
         summary=f"{RESULTS}/_rehearsal/summary.json",
     shell:
-        "OMP_NUM_THREADS={threads} {params.python} -m dlcrepro rehearsal --cache {params.cache} "
+        "OMP_NUM_THREADS={params.threads} {params.python} -m dlcrepro rehearsal --cache {params.cache} "
         "--summary {params.summary} > {log} 2>&1"

@@ -33,6 +33,7 @@ rule scaling_scan:
         mem_mb=job_resource("scan", "mem_mb"),
         cpus_per_task=job_resource("scan", "cpus_per_task"),
     params:
+        threads=job_threads("scan"),  # OpenMP's, from the config: not capped by --cores
         python=PYTHON,
         model_dir=model_dir_arg,
         out=output_parent,
@@ -43,7 +44,7 @@ rule scaling_scan:
         prompts=" ".join(map(str, SCALING_PROMPTS)),
         reps=SCALING_REPS,
     shell:
-        "OMP_NUM_THREADS={threads} {params.python} -m dlcrepro scan --config {input.cfg} --model {wildcards.model} "
+        "OMP_NUM_THREADS={params.threads} {params.python} -m dlcrepro scan --config {input.cfg} --model {wildcards.model} "
         "--model-dir {params.model_dir} --sampler {wildcards.sampler} --corrections {params.corrections} "
         "--prompts {params.prompts} --reps {params.reps} --out {params.out} > {log} 2>&1"
 

@@ -17,10 +17,11 @@ rule warmstart:
         # what Slurm allocates must match the threads used: oversubscribed OpenMP crawls
         cpus_per_task=2,
     params:
+        threads=2,  # OpenMP's, as `threads`: not capped by --cores
         python=PYTHON,
         out=output_parent,
     shell:
-        "OMP_NUM_THREADS={threads} {params.python} -m dlcrepro warmstart --config {input.cfg} --model {wildcards.model} "
+        "OMP_NUM_THREADS={params.threads} {params.python} -m dlcrepro warmstart --config {input.cfg} --model {wildcards.model} "
         "--out {params.out} > {log} 2>&1"
 
 
@@ -54,13 +55,14 @@ rule train:
         mem_mb=job_resource("train", "mem_mb"),
         cpus_per_task=job_resource("train", "cpus_per_task"),
     params:
+        threads=job_threads("train"),  # OpenMP's, from the config: not capped by --cores
         python=PYTHON,
         model_dir=model_dir_arg,
         out=output_parent,
         rollouts=rollouts_arg,
         initial=initial_eval_arg,
     shell:
-        "OMP_NUM_THREADS={threads} {params.python} -m dlcrepro train --config {input.cfg} --model {wildcards.model} "
+        "OMP_NUM_THREADS={params.threads} {params.python} -m dlcrepro train --config {input.cfg} --model {wildcards.model} "
         "--model-dir {params.model_dir} --sampler {wildcards.sampler} "
         "--correction {wildcards.correction} --seed {wildcards.seed} {params.rollouts} {params.initial} --out {params.out} > {log} 2>&1"
 
@@ -88,10 +90,11 @@ rule initial_eval:
         mem_mb=job_resource("initial_eval", "mem_mb"),
         cpus_per_task=job_resource("initial_eval", "cpus_per_task"),
     params:
+        threads=job_threads("initial_eval"),  # OpenMP's, from the config: not capped by --cores
         python=PYTHON,
         model_dir=model_dir_arg,
     shell:
-        "OMP_NUM_THREADS={threads} {params.python} -m dlcrepro initial-eval --config {input.cfg} --model {wildcards.model} "
+        "OMP_NUM_THREADS={params.threads} {params.python} -m dlcrepro initial-eval --config {input.cfg} --model {wildcards.model} "
         "--model-dir {params.model_dir} --seed {wildcards.seed} --out {output} > {log} 2>&1"
 
 
@@ -120,10 +123,11 @@ rule rollouts:
         mem_mb=job_resource("rollouts", "mem_mb"),
         cpus_per_task=job_resource("rollouts", "cpus_per_task"),
     params:
+        threads=job_threads("rollouts"),  # OpenMP's, from the config: not capped by --cores
         python=PYTHON,
         model_dir=model_dir_arg,
         topk=rollouts_topk,
     shell:
-        "OMP_NUM_THREADS={threads} {params.python} -m dlcrepro rollouts --config {input.cfg} --model {wildcards.model} "
+        "OMP_NUM_THREADS={params.threads} {params.python} -m dlcrepro rollouts --config {input.cfg} --model {wildcards.model} "
         "--model-dir {params.model_dir} --sampler {wildcards.sampler} --seed {wildcards.seed} --topk {params.topk} "
         "--out {output} > {log} 2>&1"
