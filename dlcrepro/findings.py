@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -30,6 +30,7 @@ import pandas as pd
 from . import analysis as A
 from . import intervals as I
 from . import paper as P
+from .grid import SAMPLERS
 from .intervals import number
 
 RISE_POINTS = 0.10  # the on-policy reference must gain this much accuracy in every run
@@ -260,6 +261,28 @@ def _above_floor(sampler: str, correction: str, factor: float = 2.0) -> Callable
     return rule
 
 
+def lag_control(r: Replicate, correction: str) -> str:
+    """"; at its step size, runs diverged: on-policy 1 of 12, lagged 12 of 12": the same correction's
+    runs under the samplers without a lag against those with one. F7's correction takes several SGD
+    steps per batch at the grid's learning rate; its on-policy runs are the control that tells the
+    lag's effect from the step size's (issue #55: on-policy `bf16`/`ppo_multi` seed 0 collapsed too)."""
+    counts = []
+    for name, lagged in (("on-policy", False), ("lagged", True)):
+        runs = [r.runs(s.name, correction) for s in SAMPLERS.values() if s.lagged == lagged]
+        runs = [x for x in runs if not x.empty]
+        if not runs:
+            return ""
+        rows = pd.concat(runs)
+        counts.append(f"{name} {int(rows['diverged_at_step'].notna().sum())} of {len(rows)}")
+    return f"; at its step size, runs diverged: {', '.join(counts)}"
+
+
+def f7_ppo_above_floor(r: Replicate) -> Result:
+    """stale/ppo_multi's M interval above 2, its on-policy runs' divergences beside (lag_control)."""
+    result = _above_floor("stale", PAPER_PPO)(r)
+    return result if result is NOT_IN_GRID else replace(result, text=result.text + lag_control(r, PAPER_PPO))
+
+
 def _below(r: Replicate, sampler: str, a: str, b: str) -> Result:
     """Cell a's M below cell b's: the paired (by seed) difference of M, a − b, below 0; the headline
     is a's M."""
@@ -432,7 +455,7 @@ FINDINGS: list[Finding] = [
             f6_is_center_below_center, "x floor", P.MULTIPLE["stale", "is_center"].value),
     Finding("F7", f"stale: PPO multiple ({PAPER_PPO}: several SGD steps per batch)", f"{_m('stale', PAPER_PPO)}x",
             f"stale/{PAPER_PPO}'s M t-interval above 2",
-            _above_floor("stale", PAPER_PPO), "x floor", P.MULTIPLE["stale", PAPER_PPO].value),
+            f7_ppo_above_floor, "x floor", P.MULTIPLE["stale", PAPER_PPO].value),
     Finding("F8", "stale: DLC multiple", _f8_paper(),
             f"stale/dlc's whole M t-interval at or below {F8_MARGIN_MULTIPLE:g}, no run diverged", f8_dlc_within_two,
             "x floor", P.MULTIPLE["stale", "dlc"].value),
