@@ -262,10 +262,13 @@ def _above_floor(sampler: str, correction: str, factor: float = 2.0) -> Callable
 
 
 def lag_control(r: Replicate, correction: str) -> str:
-    """"; at its step size, runs diverged: on-policy 1 of 12, lagged 12 of 12": the same correction's
-    runs under the samplers without a lag against those with one. F7's correction takes several SGD
-    steps per batch at the grid's learning rate; its on-policy runs are the control that tells the
-    lag's effect from the step size's (issue #55: on-policy `bf16`/`ppo_multi` seed 0 collapsed too)."""
+    """"; at its step size, runs collapsed or diverged: on-policy 1 of 12, lagged 12 of 12": the same
+    correction's runs under the samplers without a lag against those with one (collapsed: an eval step
+    with half the reference's accuracy lost, analysis.accuracy_drops). F7's correction takes several
+    SGD steps per batch at the grid's learning rate; its on-policy runs are the control that tells the
+    lag's effect from the step size's (on-policy `bf16`/`ppo_multi` seed 0 collapsed in the study of `5574d49`)."""
+    d = r.drops.loc[(r.drops["correction"] == correction) & r.drops["collapse"]]
+    collapsed = set(zip(d["sampler"], d["seed"]))
     counts = []
     for name, lagged in (("on-policy", False), ("lagged", True)):
         runs = [r.runs(s.name, correction) for s in SAMPLERS.values() if s.lagged == lagged]
@@ -273,8 +276,9 @@ def lag_control(r: Replicate, correction: str) -> str:
         if not runs:
             return ""
         rows = pd.concat(runs)
-        counts.append(f"{name} {int(rows['diverged_at_step'].notna().sum())} of {len(rows)}")
-    return f"; at its step size, runs diverged: {', '.join(counts)}"
+        down = [(s, k) in collapsed or a == a for s, k, a in zip(rows["sampler"], rows["seed"], rows["diverged_at_step"])]
+        counts.append(f"{name} {sum(down)} of {len(rows)}")
+    return f"; at its step size, runs collapsed or diverged: {', '.join(counts)}"
 
 
 def f7_ppo_above_floor(r: Replicate) -> Result:

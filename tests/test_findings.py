@@ -74,14 +74,17 @@ def test_f7_reads_the_paper_ppo_with_several_sgd_steps_not_ppo_which_is_pg():
 
 
 def test_f7_sets_the_on_policy_runs_of_the_same_step_size_beside_the_lagged_ones():
-    """The control that tells the lag from the step size: the same correction's divergences on-policy
-    (bf16, fp8) and lagged (stale, fp8_stale), counted over every run of each."""
+    """The control that tells the lag from the step size: the same correction's runs that collapsed
+    (half the reference's accuracy lost) or diverged, on-policy (bf16, fp8) and lagged (stale,
+    fp8_stale), counted over every run of each."""
     f7 = next(f for f in F.FINDINGS if f.id == "F7")
-    cells = {("bf16", "ppo_multi"): {"diverged": [5, NAN, NAN]}, ("fp8", "ppo_multi"): {},
+    cells = {("bf16", "pg"): {"final": [0.4] * 3},
+             ("bf16", "ppo_multi"): {"final": [0.0, 0.4, 0.35]},  # seed 0 collapses without diverging
+             ("fp8", "ppo_multi"): {},
              ("stale", "ppo_multi"): {"dev": [50.0] * 3, "diverged": [6, 6, 9]},
              ("fp8_stale", "ppo_multi"): {"diverged": [5, 7, NAN]}}
     got = rule(*study(cells), f7.rule)
-    assert got.text.endswith("; at its step size, runs diverged: on-policy 1 of 6, lagged 5 of 6"), got.text
+    assert got.text.endswith("; at its step size, runs collapsed or diverged: on-policy 1 of 6, lagged 5 of 6"), got.text
     # without an on-policy cell of that correction there is no control to print
     alone = rule(*study({("stale", "ppo_multi"): {"dev": [50.0] * 3}}), f7.rule)
     assert "at its step size" not in alone.text and alone.verdict == F.SEEN
