@@ -274,9 +274,8 @@ def test_a_requeued_job_resumes_under_its_job_id_then_killed_at_its_time_limit_i
     assert len(jobs) >= 2 and jobs[0] == first, text
     assert text.count(f"SLURM_JOB_ID={first}") == 2, text  # requeued: two runs, one job
     resumed = [int(s) for s in re.findall(r"resuming .* from step (\d+)", text)]
-    # the requeued run from at least the step it was requeued at, a retry from further on. (Not every
-    # job resumes: under load a retry can finish the cell and still be killed at its limit before its
-    # job ends; snakemake then discards the outputs and the next retry trains the cell from scratch.)
+    # the requeued run from at least the step it was requeued at, each retry from further on (a retry
+    # killed after the cell finished leaves its finished record: the next writes the outputs from it)
     assert len(resumed) >= 2 and resumed[0] >= reached and resumed == sorted(resumed), text
     limits = [re.search(r"TimeLimit=(\S+)",
                         subprocess.run(["scontrol", "show", "job", j], capture_output=True, text=True).stdout) for j in jobs]
