@@ -16,6 +16,7 @@ import yaml
 from conftest import (KILL_TRAIN, ROOT, SMOKE, check_kill_table, kill_in_a_chain, kills_through_slurm, stopped_after,
                       wait_for)
 
+from dlcrepro import procs
 from dlcrepro.checkpoint import verified_step
 
 pytestmark = pytest.mark.slurm
@@ -227,62 +228,60 @@ def test_a_rehearsal_cell_of_the_paper_config_runs_as_a_slurm_job(slurm_cluster,
 
 def test_a_requeued_job_resumes_under_its_job_id_then_killed_at_its_time_limit_is_retried_with_twice_the_time(
         slurm_cluster, snakemake_slurm, warm_outdirs, tmp_path):
-    """One snakemake run, one cell asking for 1 minute that needs more, and both ways Slurm restarts a
-    job (one cell, so the two share their θ_0 evaluation and start-up):
+    """One snakemake run, one cell asking for 1 minute, and both ways Slurm restarts a job (one cell,
+    so the two share their θ_0 evaluation and start-up):
 
-    - `--slurm-requeue` (sbatch --requeue), for preemptible partitions: the job, requeued at its first
-      checkpoint (`scontrol requeue`, what preemption with PreemptMode=REQUEUE does), starts again
-      under the same job ID and the cell resumes from its checkpoint; snakemake, still watching that
-      ID, neither fails nor resubmits it;
+    - `--slurm-requeue` (sbatch --requeue), for preemptible partitions: the job, requeued once its
+      first checkpoint is on disk (`scontrol requeue`, what preemption with PreemptMode=REQUEUE does),
+      starts again under the same job ID and the cell resumes from its checkpoint; snakemake, still
+      watching that ID, neither fails nor resubmits it;
     - then Slurm ends it at its limit (TIMEOUT), snakemake submits it again with twice the runtime
-      (job_resource's `attempt`, workflow/rules/common.smk), and each new job resumes from the
-      checkpoint the last one left, until one finishes and the run succeeds."""
+      (job_resource's `attempt`, workflow/rules/common.smk), and the new job resumes from the
+      checkpoint the last one left and finishes.
+
+    Each run stops itself at a known moment (procs.pause_point: step 4's sampling, the checkpoint of
+    step 2 of that run on disk) and waits there to be requeued or timed out, so no step count races a
+    time limit on a machine of unknown speed."""
     out, config, shared = warm_outdirs
     cell = out["results_dir"] / "tiny" / "bf16" / "pg" / "seed0"
     cfg = yaml.safe_load(SMOKE.read_text())
-    # 240 steps: ~125 s at 0.52 s a step (this EPYC, a 1-CPU job, alone). A job trains 42-72 s of its
-    # first minute (Slurm ends it 60-90 s after its start, ~18 s of which are start-up), so the first
-    # cannot finish unless a step is 1.7x faster, and the second (2 minutes) finishes with ~20 s to
-    # spare here alone. At 300 steps it needed ~128 s: killed just after the cell finished, the
-    # outputs discarded, the third attempt trained from scratch (497 s alone). Under load a third
-    # attempt still comes, resuming.
-    cfg["train"].update(steps=240, ckpt_every=2, eval_every=100)
+    cfg["train"].update(steps=8, ckpt_every=2, eval_every=4)
     cfg["models"]["tiny"]["resources"] = {"runtime": 1}
     path = tmp_path / "short-limit.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    cmd = slurm_cmd(snakemake_slurm, config, cell / "summary.json", extra=("--retries", "3", "--slurm-requeue", *shared),
+    cmd = slurm_cmd(snakemake_slurm, config, cell / "summary.json", extra=("--retries", "1", "--slurm-requeue", *shared),
                     configfile=path)
+    pause = tmp_path / "paused"
+    # the first run stops after 3 steps (on from 0), the requeued one after 3 more (on from 2); the retry runs through
+    env = {**os.environ, procs.PAUSE_ENV: "sample:4,sample:4", procs.PAUSE_FILE_ENV: str(pause)}
     log = cell / "train.log"
-    with stopped_after(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
+    with stopped_after(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env),
                        signal.SIGINT) as proc:
-        # requeued once its first checkpoint is whole on disk (the sidecar vouches for its bytes): then
-        # the requeued run has a step to resume from, whatever the machine's speed
-        reached = wait_for("the job's first checkpoint on disk", lambda: verified_step(cell / "checkpoint.pt"), 300, proc)
+        wait_for("the first run stopped at step 4's sampling", lambda: os.path.exists(procs.pause_file(pause, 0)), 300, proc)
+        assert verified_step(cell / "checkpoint.pt") == 2
         running = cell_jobs(cell, "RUNNING")
         assert len(running) == 1, running  # the cell's training job
         first = running[0]
         shown = lambda: subprocess.run(["scontrol", "show", "job", first], capture_output=True, text=True).stdout  # noqa: E731
         assert "Requeue=1" in shown() and "TimeLimit=00:01:00" in shown(), shown()
         subprocess.run(["scontrol", "requeue", first], check=True)
-        wait_for("the requeued job's second start", lambda: log.read_text().count(f"SLURM_JOB_ID={first}") == 2, 300, proc)
+        wait_for("the requeued run stopped at its step 4's sampling", lambda: os.path.exists(procs.pause_file(pause, 1)),
+                 300, proc)
+        assert log.read_text().count(f"SLURM_JOB_ID={first}") == 2  # requeued: a second run of the same job
         wait_for("the requeued job's end at its time limit", lambda: "JobState=TIMEOUT" in shown(), 300, proc)
-        assert verified_step(cell / "checkpoint.pt"), "the killed job left no checkpoint to resume from"
-        output, _ = proc.communicate(timeout=1800)
+        assert verified_step(cell / "checkpoint.pt") == 4, "the killed job left no checkpoint to resume from"
+        output, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, output[-4000:]
     text = log.read_text()
     jobs = list(dict.fromkeys(re.findall(r"SLURM_JOB_ID=(\d+)", text)))
-    assert len(jobs) >= 2 and jobs[0] == first, text
-    assert text.count(f"SLURM_JOB_ID={first}") == 2, text  # requeued: two runs, one job
-    resumed = [int(s) for s in re.findall(r"resuming .* from step (\d+)", text)]
-    # the requeued run from at least the step it was requeued at, each retry from further on (a retry
-    # killed after the cell finished leaves its finished record: the next writes the outputs from it)
-    assert len(resumed) >= 2 and resumed[0] >= reached and resumed == sorted(resumed), text
+    assert len(jobs) == 2 and jobs[0] == first, text  # the requeued job, then the retry
+    assert [int(s) for s in re.findall(r"resuming .* from step (\d+)", text)] == [2, 4], text
     limits = [re.search(r"TimeLimit=(\S+)",
                         subprocess.run(["scontrol", "show", "job", j], capture_output=True, text=True).stdout) for j in jobs]
-    # each retry asks for twice the time (jobs Slurm has purged already are not shown)
-    want = [f"00:{2 ** i:02d}:00" for i in range(len(jobs))]
+    # the retry asks for twice the time (a job Slurm has purged already is not shown)
+    want = ["00:01:00", "00:02:00"]
     assert [m.group(1) for m in limits if m] == [w for w, m in zip(want, limits) if m], limits
-    assert json.loads((cell / "summary.json").read_text())["steps"] == 240
+    assert json.loads((cell / "summary.json").read_text())["steps"] == 8
 
 
 def test_a_job_killed_at_any_moment_costs_its_retry_at_most_one_checkpoint_interval(slurm_cluster, snakemake_slurm,
