@@ -105,6 +105,12 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: (file_rank(markers_by_file[file_of(item)]), -FILE_SECONDS.get(file_of(item), 0)))
 
 
+def run_dir(tmp_path_factory) -> Path:
+    """The test run's own temporary directory, the same for all of its pytest-xdist workers."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @contextmanager
 def built_once(tmp_path_factory, name: str):
     """A directory for something a test run builds once, shared by the run's pytest-xdist workers
@@ -113,8 +119,7 @@ def built_once(tmp_path_factory, name: str):
     directory, whether to build it). Without workers it is the session's own directory."""
     from filelock import FileLock
 
-    base = tmp_path_factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's, not one worker's
+    root = run_dir(tmp_path_factory)
     d, done = root / name, root / f"{name}.done"
     with FileLock(str(root / f"{name}.lock")):
         build = not done.exists()
@@ -261,6 +266,75 @@ def rehearsal_cache(tmp_path_factory) -> Path:
                                 "--summary", str(cache / "summary.json")], cwd=ROOT, capture_output=True, text=True, timeout=1800)
             assert p.returncode == 0, p.stderr[-4000:]
     return cache
+
+
+# ----------------------------------------------------------------------------- the local Slurm cluster
+# For tests/test_slurm.py and tests/test_slurm_faults.py, which pytest-xdist runs at once on two
+# workers: most of their time is waiting on Slurm, so the two files' waits overlap.
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A real single-node Slurm on localhost (scripts/slurm_up.sh), shared by the run's workers. The
+    last worker done with it stops it, where this run started it; a developer's own cluster is left
+    running. A worker that comes after the others stopped it starts it again."""
+    if os.geteuid() != 0:
+        pytest.skip("starting slurmctld/slurmd/munged needs root")
+    if not shutil.which("slurmctld") and not shutil.which("apt-get"):
+        pytest.skip("Slurm is not installed and there is no apt-get to install it")
+    from filelock import FileLock
+
+    root = run_dir(tmp_path_factory)
+    lock, users, started_here = FileLock(str(root / "slurm.lock")), root / "slurm.users", root / "slurm.started-here"
+    with lock:
+        up = subprocess.run(["bash", str(ROOT / "scripts" / "slurm_up.sh")], capture_output=True, text=True, timeout=600)
+        assert up.returncode == 0, up.stdout + up.stderr
+        if "already running" not in up.stdout:
+            started_here.touch()
+        users.write_text(str(int(users.read_text() if users.exists() else 0) + 1))
+    try:
+        yield
+    finally:
+        with lock:
+            left = int(users.read_text()) - 1
+            users.write_text(str(left))
+            if left == 0 and started_here.exists():
+                subprocess.run(["bash", str(ROOT / "scripts" / "slurm_down.sh")], capture_output=True, timeout=60)
+                started_here.unlink()
+
+
+@pytest.fixture(scope="session")
+def snakemake_slurm(tmp_path_factory):
+    """snakemake with the Slurm plugins, from its own env (scripts/setup_workflow_env.sh), made once per run."""
+    with built_once(tmp_path_factory, "workflow-env") as (_, build):
+        if build:
+            p = subprocess.run(["bash", str(ROOT / "scripts" / "setup_workflow_env.sh")], capture_output=True, text=True,
+                               timeout=900)
+            assert p.returncode == 0, p.stdout + p.stderr
+    return [str(ROOT / ".venv-workflow" / "bin" / "snakemake")]
+
+
+def slurm_out_config(out: dict) -> list[str]:
+    """`--config` values sending a run's outputs to `out`; its jobs run the package with the
+    interpreter running these tests (the training env)."""
+    return [f"{k}={v}" for k, v in out.items()] + [f"python={sys.executable}"]
+
+
+@pytest.fixture
+def outdirs(tmp_path):
+    out = {"results_dir": tmp_path / "results", "figures_dir": tmp_path / "figures",
+           "tables_dir": tmp_path / "tables", "artifacts": tmp_path / "artifacts"}
+    return out, slurm_out_config(out)
+
+
+@pytest.fixture
+def warm_outdirs(tmp_path, smoke_warm_start):
+    """`outdirs` whose artifacts are the test run's warm start, found up to date: the tests whose
+    subject is a training job do not each wait for a warm-start job (the grid's test runs its own)."""
+    out = {"results_dir": tmp_path / "results", "figures_dir": tmp_path / "figures",
+           "tables_dir": tmp_path / "tables", "artifacts": smoke_warm_start.artifacts}
+    smoke_warm_start.up_to_date_in(out["results_dir"])
+    return out, slurm_out_config(out), list(smoke_warm_start.SNAKEMAKE_ARGS)
 
 
 # A job killed at each moment of its cell, one after another (dlcrepro/procs.py's pause points: the job

@@ -135,12 +135,12 @@ def test_a_stop_signal_to_snakemake_stops_every_job_and_the_fork_server_and_the_
     assert f"snakemake got {sig.name}" in out and f"Stopped on {sig.name}" in out and "rerun the same command" in out, out[-3000:]
     assert not list((d / ".snakemake" / "locks").glob("*")), "the lock is left behind"
     assert not (interrupted / "summary.json").exists() and not (interrupted / "metrics.parquet").exists()
-
-    p = run(snakemake(d, *TARGETS))
-    assert p.returncode == 0, p.stderr[-4000:]
-    resumed = re.search(r"resuming .* from step (\d+)", (interrupted / "train.log").read_text())
-    assert resumed and int(resumed.group(1)) >= reached, (interrupted / "train.log").read_text()
-    assert_same_cells(metrics(d), study[1])
+    if sig == signal.SIGTERM:  # what the rerun finds does not depend on the signal: one rerun, SIGTERM's
+        p = run(snakemake(d, *TARGETS))
+        assert p.returncode == 0, p.stderr[-4000:]
+        resumed = re.search(r"resuming .* from step (\d+)", (interrupted / "train.log").read_text())
+        assert resumed and int(resumed.group(1)) >= reached, (interrupted / "train.log").read_text()
+        assert_same_cells(metrics(d), study[1])
 
 
 # ----------------------------------------------------------------------------- checkpoints and tables
@@ -335,7 +335,7 @@ def test_two_studies_at_once_finish_each_through_its_own_fork_server_and_a_secon
 def test_a_local_job_killed_at_any_moment_costs_its_retry_at_most_one_checkpoint_interval(smoke_warm_start, tmp_path):
     """The kills of conftest.KILLS through the local executor, one after another, each attempt in a
     process of its own (no fork server) and the next one snakemake's retry: each retry recomputes at
-    most `ckpt_every` finished steps, none after the cell's last write (test_slurm.py runs the same
+    most `ckpt_every` finished steps, none after the cell's last write (test_slurm_faults.py runs the same
     through Slurm jobs)."""
     out = {"results_dir": tmp_path / "results", "figures_dir": tmp_path / "figures", "tables_dir": tmp_path / "tables",
            "artifacts": smoke_warm_start.artifacts}
