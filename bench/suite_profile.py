@@ -18,9 +18,9 @@ its children. So they are meaningful only for a run alone on the machine; CPU se
 process starts). A test's row includes its fixtures' set-up when it is the first to need them:
 a session fixture's cost lands on the first test that asks for it. A benchmark, not a test.
 
-Under `pytest -n 2` (pytest-xdist) each worker records its own tests (`<profile>.gw0.json`, ...)
+Under `pytest -n 3` (pytest-xdist) each worker records its own tests (`<profile>.gw0.json`, ...)
 and the controller merges them into the profile with the run's own wall and machine CPU seconds:
-each test's wall seconds still are its own, but its CPU seconds then include what the other worker
+each test's wall seconds still are its own, but its CPU seconds then include what the other workers
 ran meanwhile, so only the run's total CPU compares between runs.
 """
 

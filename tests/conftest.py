@@ -18,7 +18,7 @@ import pytest
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 # One OpenMP thread per process unless a job asks for more (the workflow's rules set their own), and
-# waiting threads that sleep: under `pytest -n 2` the two workers' processes share 2 cores, where
+# waiting threads that sleep: under `pytest -n 3` the three workers' processes share 2 cores, where
 # OpenMP's spinning threads burn the core the other process needs. Two smoke cells at once took
 # 46-58 s with 2 spinning threads each, 21-22 s with OMP_WAIT_POLICY=PASSIVE, 19-20 s with 1 thread
 # (docs/measurements.md, "The test suite at the speed of a change"). Set before torch is imported.
@@ -69,9 +69,9 @@ def stopped_after(proc, stop=signal.SIGTERM, timeout: float = 120):
 # What makes a test take seconds or more: its marker, or a fixture that builds something (a warm
 # start, the rehearsal's checkpoint). Every other test is `quick`: `pytest -m quick` is the inner
 # loop of development (docs/extending.md); the README's test command still runs everything.
-# Heaviest first: under `pytest -n 2` (pytest-xdist, `--dist loadfile` from pyproject.toml) whole files
-# go to the workers in this order of their heaviest marker, so the longest (the Slurm tests, ~12 min
-# of mostly waiting on the cluster) starts first and the other worker's files fill its waits.
+# Heaviest first: under `pytest -n 3` (pytest-xdist, `--dist loadfile` from pyproject.toml) whole files
+# go to the workers in this order of their heaviest marker, so the two Slurm files (10-14 min each, mostly
+# waiting on the cluster) start first on two workers and the third worker's files fill their waits.
 HEAVY_MARKERS = ("slurm", "slow", "engine", "snakemake")
 HEAVY_FIXTURES = {"tiny_model_dir", "smoke_warm_start", "rehearsal_cache"}
 
@@ -114,7 +114,7 @@ def run_dir(tmp_path_factory) -> Path:
 @contextmanager
 def built_once(tmp_path_factory, name: str):
     """A directory for something a test run builds once, shared by the run's pytest-xdist workers
-    (`pytest -n 2`): the first worker to get here builds it (inside the block) while the others wait
+    (`pytest -n 3`): the first worker to get here builds it (inside the block) while the others wait
     on a file lock; they find it done, as a marker file says, and skip the block. Yields (the
     directory, whether to build it). Without workers it is the session's own directory."""
     from filelock import FileLock

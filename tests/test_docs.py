@@ -186,7 +186,7 @@ def test_a_clone_holds_no_link_out_of_itself():
 
 def test_ci_runs_the_readmes_test_command():
     """CI (`.ci/run`, on a clean clone) runs exactly the README's command that sets up and passes the
-    tests: a changed command (`-n 2`, an install step) that CI did not run would be untested."""
+    tests: a changed command (`-n 3`, an install step) that CI did not run would be untested."""
     blocks = re.findall(r"```\n(.*?)\n```", README.read_text(encoding="utf-8"), re.S)
     test_command = next(b for b in blocks if "pytest" in b and "\n" not in b)
     ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
