@@ -374,10 +374,13 @@ class Trainer(Learner):
         return Cell(**blob["cell"])
 
 
-def train_steps(tr: Trainer, cell: Cell, ckpt: Path, run: dict, note, desc: str, trackers: tracking.Trackers) -> dict[str, float]:
+def train_steps(tr: Trainer, cell: Cell, *, ckpt: Path, run: dict, note, desc: str,
+                trackers: tracking.Trackers) -> dict[str, float]:
     """Take the cell's remaining steps, one metrics row each, checkpointing every `ckpt_every`
-    steps (not after the last) and sending each finished row to the trackers; the seconds spent
-    per phase, summed over these steps. A run that diverges ends there, its rows so far kept."""
+    steps (not after the last) to `ckpt` as the run `run` (celldir.run_identity) and sending each
+    finished row to the trackers; the seconds spent per phase, summed over these steps. A run that
+    diverges ends there, its rows so far kept. `note` writes a line to the cell's log; `desc` labels
+    the progress bar. Keyword-only after the cell: five arguments easy to pass in the wrong order."""
     totals = dict.fromkeys(PHASES, 0.0)
     steps, schedule = tr.tcfg.steps, Schedule.of(tr.tcfg)
     bar = tqdm(total=steps, initial=cell.step, desc=desc, unit="step", mininterval=2.0)
