@@ -70,15 +70,14 @@ class Cell:
 
 @dataclass
 class Batch:
-    """A sampled batch as the step uses it: the rollout, scored; the trainer's log-probs; the
-    engine's `(N,)` log-probs on the trainer's device; whether θ_s was θ_t; its batch metrics."""
+    """A sampled batch as the step uses it."""
 
     rollout: Rollout
-    s: Scored
-    lp: BatchLogProbs
-    e: torch.Tensor
-    synced: bool
-    metrics: dict[str, float]
+    scored: Scored  # the rollout laid out for the trainer, with rewards and advantages
+    trainer_logp: BatchLogProbs  # the trainer's `(N,)` log-probs at θ_s and θ_t, the sampler KL, kept logits
+    engine_logp: torch.Tensor  # the engine's `(N,)` log-probs of the sampled tokens, on the trainer's device
+    synced: bool  # θ_s was θ_t
+    metrics: dict[str, float]  # the batch's metrics (diagnostics.step_metrics "batch")
 
 
 class Trainer(Learner):
@@ -239,9 +238,10 @@ class Trainer(Learner):
     def measure(self, rollout: Rollout, s: Scored, num_groups: int, synced: bool) -> Batch:
         """The trainer's log-probs of a scored batch of `num_groups` prompts and its batch metrics
         (diagnostics.step_metrics)."""
-        lp = self.log_probs(s, synced)
-        e = rollout.engine_logp.to(self.device)
-        return Batch(rollout, s, lp, e, synced, step_metrics("batch", self.batch_terms(rollout, s, num_groups, lp, e)))
+        trainer_logp = self.log_probs(s, synced)
+        engine_logp = rollout.engine_logp.to(self.device)
+        metrics = step_metrics("batch", self.batch_terms(rollout, s, num_groups, trainer_logp, engine_logp))
+        return Batch(rollout, s, trainer_logp, engine_logp, synced, metrics)
 
     def batch_terms(self, rollout: Rollout, s: Scored, num_groups: int, lp: BatchLogProbs, e: torch.Tensor) -> BatchTerms:
         return BatchTerms(rewards=s.rewards, group=rollout.group, num_groups=num_groups, lengths=rollout.lengths, e=e.cpu(),
@@ -297,15 +297,16 @@ class Trainer(Learner):
             probes = self.probe_batches(k, cell, idx, prompts) if probing else None
 
         with timer("correction"):
-            g_c, diagnostics = self.correction_grad(batch.s, batch.rollout, batch.e, batch.lp, batch.synced, batch.lp.kept)
-            batch.lp.kept = None  # frees the kept graph's logits
+            g_c, diagnostics = self.correction_grad(batch.scored, batch.rollout, batch.engine_logp, batch.trainer_logp,
+                                                    batch.synced, batch.trainer_logp.kept)
+            batch.trainer_logp.kept = None  # frees the kept graph's logits
             row.update(diagnostics)
             check_finite(k, row)
             check_direction_finite(k, g_c)
 
         with timer("update"):
             updates = updates_per_batch(self.correction.name, t)  # 1, or its own count, or train.updates_per_batch
-            g_c = self.update(batch.s, batch.rollout, batch.e, batch.lp, g_c, updates)
+            g_c = self.update(batch.scored, batch.rollout, batch.engine_logp, batch.trainer_logp, g_c, updates)
             # a diverged run (a later PPO epoch's gradient, or a step that overflows θ) ends here
             # (train_steps records it) instead of writing a row whose dev is NaN and going on
             check_weights_finite(k, self.params, updates)
