@@ -97,6 +97,7 @@ class Trainer(Learner):
         self.tokenizer = load_tokenizer(model_dir)
         self.train_problems, self.test_problems = data.load_problems(cfg.task)
         super().__init__(load_model(model_dir), cfg.train_for(model_name), correction, mcfg.trainer_dtype, device)
+        self.schedule = Schedule.of(self.tcfg)  # which steps probe, evaluate and checkpoint: the config's, fixed for the run
         # the problems RL draws its prompts from: a pool of the first `pool_size` (0: all)
         self.rl_problems = self.train_problems[: self.tcfg.pool_size or len(self.train_problems)]
         self._prompt_cache: dict[int, list[int]] = {}  # train prompts are encoded when first drawn
@@ -291,8 +292,7 @@ class Trainer(Learner):
         row = {"step": k, "sync_version": cell.sampler_version, "resync": int(resync), "ess_lag_presync": ess_presync,
                **batch.metrics}
 
-        schedule = Schedule.of(t)
-        probing = schedule.probes(k)
+        probing = self.schedule.probes(k)
         with timer("probe"):
             probes = self.probe_batches(k, cell, idx, prompts) if probing else None
 
@@ -314,7 +314,7 @@ class Trainer(Learner):
 
         row.update(step_metrics("probe", self.probe_terms(g_c, probes)) if probing else missing("probe"))
         with timer("eval"):
-            evaluating = schedule.evaluates(k)
+            evaluating = self.schedule.evaluates(k)
             row.update(self.evaluate(k) if evaluating else dict.fromkeys(EVAL_COLUMNS, math.nan))
         check_finite(k, row)
         return row
@@ -383,7 +383,7 @@ def train_steps(tr: Trainer, cell: Cell, *, ckpt: Path, run: dict, note, desc: s
     diverges ends there, its rows so far kept. `note` writes a line to the cell's log; `desc` labels
     the progress bar. Keyword-only after the cell: five arguments easy to pass in the wrong order."""
     totals = dict.fromkeys(PHASES, 0.0)
-    steps, schedule = tr.tcfg.steps, Schedule.of(tr.tcfg)
+    steps, schedule = tr.tcfg.steps, tr.schedule
     bar = tqdm(total=steps, initial=cell.step, desc=desc, unit="step", mininterval=2.0)
     while cell.step < steps:
         timer = PhaseTimer()
