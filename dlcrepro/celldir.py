@@ -255,7 +255,7 @@ def train_cell(cfg: Config, meta: dict, mdir: Path, out: Path, note, keep_checkp
     trackers = tracking.open_trackers(cfg, out, note, first_step=cell.step + 1)
     trackers.start(meta, tracking.cell_params(cfg, meta))
     try:
-        totals = train_steps(tr, cell, ckpt, run, note, tracking.run_name(meta), trackers)
+        totals = train_steps(tr, cell, ckpt=ckpt, run=run, note=note, desc=tracking.run_name(meta), trackers=trackers)
     except BaseException:
         trackers.finish(None)  # the trackers' runs end as failed; the checkpoint is kept
         raise

@@ -11,8 +11,9 @@ edge); where the paper reports a value for what a panel shows, it is marked ther
 a cell that is a copy of another (`computed_as`, dlcrepro/grid.py) is drawn with hollow markers over
 the run it equals and named as such in the legend; and a correction keeps one colour, line style and
 marker in every figure (`correction_styles`: a family of corrections shares a hue, its members differ
-in line style and marker). Each figure function returns its `Figure`; `write_all` saves those
-outputs.FIGURES lists (docs/extending.md, "Adding a figure").
+in line style and marker). Each figure function, registered under its figure's name by `@draws`
+(`FIGURES`), returns its `Figure`; `write_all` saves those outputs.FIGURES lists (docs/extending.md,
+"Adding a figure").
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import matplotlib
 import matplotlib.patches
@@ -439,7 +441,27 @@ def _ref_handle(ls) -> dict:
 
 # ----------------------------------------------------------------------------- the figures
 
+# Figure name (outputs.FIGURES) -> the function that draws it, filled by `@draws`.
+FIGURES: dict[str, Callable[..., Figure]] = {}
 
+
+def draws(name: str):
+    """Register `fn` as the function that draws the figure `name`, which outputs.FIGURES must list
+    (its caption and what it reads): `fn(steps, runs)`, or `fn(findings)` for one that reads the
+    findings table."""
+
+    def register(fn):
+        if name in FIGURES:
+            raise ValueError(f"figure {name!r} registered twice")
+        if name not in {o.name for o in outputs.FIGURES}:
+            raise ValueError(f"figure {name!r} has no entry in outputs.FIGURES (its caption and what it reads)")
+        FIGURES[name] = fn
+        return fn
+
+    return register
+
+
+@draws("mismatch")
 def mismatch(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     """|δ| and |λ| per step and sampler (mean over every distinct run of the sampler): δ flat, λ growing when lagged."""
     d = A.distinct_runs(steps, runs) if runs is not None else steps
@@ -470,6 +492,7 @@ def mismatch(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     return fig
 
 
+@draws("ess")
 def ess(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     """Lag ESS of the fresh batch (thick) and its Gaussian prediction (thin) under lagged samplers, with the 1/2 line."""
     d = steps.loc[steps["sampler"].isin(LAGGED)].assign(ess_seen=lambda x: A.lag_ess_seen(x))
@@ -505,6 +528,7 @@ def ess(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     return fig
 
 
+@draws("noise_floor")
 def noise_floor(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     """dev/floor per step (3-step moving average), per correction and sampler, log scale; the floor at 1.
     Drawn at the probe steps only: between sparse probes the average would only repeat the last."""
@@ -550,6 +574,7 @@ def with_start(steps: pd.DataFrame, runs: pd.DataFrame | None, columns: dict[str
     return pd.concat([start, d], ignore_index=True)
 
 
+@draws("accuracy")
 def accuracy(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     """Test accuracy (the reported measure: train.eval_on / eval_mode) at eval steps from θ_0's (step 0) on,
     per correction and sampler, every panel over the same steps."""
@@ -576,6 +601,7 @@ def accuracy(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     return fig
 
 
+@draws("off_support_kl")
 def off_support_kl(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     """Off-support share (trainer side) beside kl_sampler (what a sampler-side monitor sees), lagged samplers."""
     d = steps.loc[steps["sampler"].isin(LAGGED)].copy()
@@ -610,6 +636,7 @@ def off_support_kl(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Fig
     return fig
 
 
+@draws("off_support_drop")
 def off_support_drop(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     """Off-support share vs accuracy drop over (run, eval step) pairs, a panel per sampler, with ρ over all (copied cells
     once)."""
@@ -653,6 +680,7 @@ def accuracies(steps: pd.DataFrame, runs: pd.DataFrame | None) -> dict[str, str]
             "heldout_accuracy_greedy": A.HELDOUT_GREEDY}
 
 
+@draws("learning")
 def learning(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     """Why the on-policy reference learns, per model: bf16/pg's accuracies per seed from θ_0 (step 0,
     from the runs table) on, each named by what it measures (`accuracies`); the training reward
@@ -715,21 +743,11 @@ def learning(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
 
 
 def drawn(name: str):
-    """The function of this module that draws the figure `name` of outputs.FIGURES: `fn(steps, runs)`,
-    or for a figure that reads the findings table, `fn(findings)`."""
-    f = globals().get(name)
-    if not callable(f):
-        raise LookupError(f"dlcrepro/outputs.py lists the figure {name!r}, but dlcrepro/figures.py has no function {name}(...)")
-    return f
-
-
-def __getattr__(attr: str):
-    """FIGURES: name -> drawing function `fn(steps, runs)` of each figure outputs.FIGURES lists that
-    reads the runs (the one list), in its order; looked up when asked, so a figure's function may
-    stand anywhere in this module."""
-    if attr == "FIGURES":
-        return {o.name: drawn(o.name) for o in outputs.FIGURES if o.reads == "runs"}
-    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+    """The function that draws the figure `name` of outputs.FIGURES (`FIGURES`)."""
+    if name not in FIGURES:
+        raise LookupError(f"dlcrepro/outputs.py lists the figure {name!r}, but no function of dlcrepro/figures.py "
+                          f'is registered to draw it (@draws("{name}"))')
+    return FIGURES[name]
 
 
 def write_all(steps: pd.DataFrame, out: Path, runs: pd.DataFrame | None = None, findings: pd.DataFrame | None = None) -> None:
@@ -802,6 +820,7 @@ def _wrapped_text(text: str, width: int) -> str:
     return "\n".join(textwrap.wrap(str(text), width, break_on_hyphens=False)) or str(text)
 
 
+@draws("findings")
 def findings(findings: pd.DataFrame) -> Figure:
     """The paper's findings against this study at a glance: per finding the paper's value, each
     replicate's headline number in its unit on a green (seen), red (contradicted), yellow (undecided)

@@ -22,6 +22,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -631,7 +632,7 @@ def cpu_kind(cpuinfo: str | None = None) -> str:
 
     if cpuinfo is None:
         try:
-            cpuinfo = open("/proc/cpuinfo").read()  # noqa: SIM115 - a read, closed at exit
+            cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
             cpuinfo = ""
     flags = set(next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), []))

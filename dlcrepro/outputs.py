@@ -4,8 +4,8 @@ caption in the Snakemake report (`snakemake --report report.html`). One list, re
 it draws) and by the tests (what a run must write: tests/test_outputs.py ties them together).
 
 Torch-free and plotting-free, like grid.py and registry.py: the Snakefile imports it. Adding a
-figure is a function in figures.py and an entry in FIGURES here (docs/extending.md, "Adding a
-figure"); a table, a function in tables.py's `write_all` and its caption there, and an entry in
+figure is a function in figures.py under `@draws` and an entry in FIGURES here (docs/extending.md,
+"Adding a figure"); a table, a function in tables.py's `write_all` and its caption there, and an entry in
 TABLES.
 """
 
@@ -22,9 +22,10 @@ CATEGORY = {"table": "Tables", "figure": "Figures"}
 
 @dataclass(frozen=True)
 class Output:
-    """A table or figure of the study: `name` is its files' stem (for a figure, also the function of
-    figures.py that draws it: `fn(steps, runs) -> Figure`, or `fn(findings) -> Figure` for one that
-    reads the findings table), `caption` what the report says of it (reStructuredText)."""
+    """A table or figure of the study: `name` is its files' stem (for a figure, also the name
+    figures.py registers its drawing function under, `@draws(name)`: `fn(steps, runs) -> Figure`, or
+    `fn(findings) -> Figure` for one that reads the findings table), `caption` what the report says
+    of it (reStructuredText)."""
 
     name: str
     kind: str  # "table" or "figure"
@@ -67,7 +68,7 @@ def table(name: str, caption: str = "") -> Output:
 
 
 def figure(name: str, caption: str, reads: str = "runs") -> Output:
-    """A figure, drawn by the function `name` of figures.py from the runs or the findings table."""
+    """A figure, drawn by the function figures.py registers as `name` from the runs or the findings table."""
     return Output(name, "figure", caption, reads)
 
 

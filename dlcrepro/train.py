@@ -70,15 +70,14 @@ class Cell:
 
 @dataclass
 class Batch:
-    """A sampled batch as the step uses it: the rollout, scored; the trainer's log-probs; the
-    engine's `(N,)` log-probs on the trainer's device; whether θ_s was θ_t; its batch metrics."""
+    """A sampled batch as the step uses it."""
 
     rollout: Rollout
-    s: Scored
-    lp: BatchLogProbs
-    e: torch.Tensor
-    synced: bool
-    metrics: dict[str, float]
+    scored: Scored  # the rollout laid out for the trainer, with rewards and advantages
+    trainer_logp: BatchLogProbs  # the trainer's `(N,)` log-probs at θ_s and θ_t, the sampler KL, kept logits
+    engine_logp: torch.Tensor  # the engine's `(N,)` log-probs of the sampled tokens, on the trainer's device
+    synced: bool  # θ_s was θ_t
+    metrics: dict[str, float]  # the batch's metrics (diagnostics.step_metrics "batch")
 
 
 class Trainer(Learner):
@@ -98,6 +97,7 @@ class Trainer(Learner):
         self.tokenizer = load_tokenizer(model_dir)
         self.train_problems, self.test_problems = data.load_problems(cfg.task)
         super().__init__(load_model(model_dir), cfg.train_for(model_name), correction, mcfg.trainer_dtype, device)
+        self.schedule = Schedule.of(self.tcfg)  # which steps probe, evaluate and checkpoint: the config's, fixed for the run
         # the problems RL draws its prompts from: a pool of the first `pool_size` (0: all)
         self.rl_problems = self.train_problems[: self.tcfg.pool_size or len(self.train_problems)]
         self._prompt_cache: dict[int, list[int]] = {}  # train prompts are encoded when first drawn
@@ -239,9 +239,10 @@ class Trainer(Learner):
     def measure(self, rollout: Rollout, s: Scored, num_groups: int, synced: bool) -> Batch:
         """The trainer's log-probs of a scored batch of `num_groups` prompts and its batch metrics
         (diagnostics.step_metrics)."""
-        lp = self.log_probs(s, synced)
-        e = rollout.engine_logp.to(self.device)
-        return Batch(rollout, s, lp, e, synced, step_metrics("batch", self.batch_terms(rollout, s, num_groups, lp, e)))
+        trainer_logp = self.log_probs(s, synced)
+        engine_logp = rollout.engine_logp.to(self.device)
+        metrics = step_metrics("batch", self.batch_terms(rollout, s, num_groups, trainer_logp, engine_logp))
+        return Batch(rollout, s, trainer_logp, engine_logp, synced, metrics)
 
     def batch_terms(self, rollout: Rollout, s: Scored, num_groups: int, lp: BatchLogProbs, e: torch.Tensor) -> BatchTerms:
         return BatchTerms(rewards=s.rewards, group=rollout.group, num_groups=num_groups, lengths=rollout.lengths, e=e.cpu(),
@@ -291,21 +292,21 @@ class Trainer(Learner):
         row = {"step": k, "sync_version": cell.sampler_version, "resync": int(resync), "ess_lag_presync": ess_presync,
                **batch.metrics}
 
-        schedule = Schedule.of(t)
-        probing = schedule.probes(k)
+        probing = self.schedule.probes(k)
         with timer("probe"):
             probes = self.probe_batches(k, cell, idx, prompts) if probing else None
 
         with timer("correction"):
-            g_c, diagnostics = self.correction_grad(batch.s, batch.rollout, batch.e, batch.lp, batch.synced, batch.lp.kept)
-            batch.lp.kept = None  # frees the kept graph's logits
+            g_c, diagnostics = self.correction_grad(batch.scored, batch.rollout, batch.engine_logp, batch.trainer_logp,
+                                                    batch.synced, batch.trainer_logp.kept)
+            batch.trainer_logp.kept = None  # frees the kept graph's logits
             row.update(diagnostics)
             check_finite(k, row)
             check_direction_finite(k, g_c)
 
         with timer("update"):
             updates = updates_per_batch(self.correction.name, t)  # 1, or its own count, or train.updates_per_batch
-            g_c = self.update(batch.s, batch.rollout, batch.e, batch.lp, g_c, updates)
+            g_c = self.update(batch.scored, batch.rollout, batch.engine_logp, batch.trainer_logp, g_c, updates)
             # a diverged run (a later PPO epoch's gradient, or a step that overflows θ) ends here
             # (train_steps records it) instead of writing a row whose dev is NaN and going on
             check_weights_finite(k, self.params, updates)
@@ -313,7 +314,7 @@ class Trainer(Learner):
 
         row.update(step_metrics("probe", self.probe_terms(g_c, probes)) if probing else missing("probe"))
         with timer("eval"):
-            evaluating = schedule.evaluates(k)
+            evaluating = self.schedule.evaluates(k)
             row.update(self.evaluate(k) if evaluating else dict.fromkeys(EVAL_COLUMNS, math.nan))
         check_finite(k, row)
         return row
@@ -374,12 +375,15 @@ class Trainer(Learner):
         return Cell(**blob["cell"])
 
 
-def train_steps(tr: Trainer, cell: Cell, ckpt: Path, run: dict, note, desc: str, trackers: tracking.Trackers) -> dict[str, float]:
+def train_steps(tr: Trainer, cell: Cell, *, ckpt: Path, run: dict, note, desc: str,
+                trackers: tracking.Trackers) -> dict[str, float]:
     """Take the cell's remaining steps, one metrics row each, checkpointing every `ckpt_every`
-    steps (not after the last) and sending each finished row to the trackers; the seconds spent
-    per phase, summed over these steps. A run that diverges ends there, its rows so far kept."""
+    steps (not after the last) to `ckpt` as the run `run` (celldir.run_identity) and sending each
+    finished row to the trackers; the seconds spent per phase, summed over these steps. A run that
+    diverges ends there, its rows so far kept. `note` writes a line to the cell's log; `desc` labels
+    the progress bar. Keyword-only after the cell: five arguments easy to pass in the wrong order."""
     totals = dict.fromkeys(PHASES, 0.0)
-    steps, schedule = tr.tcfg.steps, Schedule.of(tr.tcfg)
+    steps, schedule = tr.tcfg.steps, tr.schedule
     bar = tqdm(total=steps, initial=cell.step, desc=desc, unit="step", mininterval=2.0)
     while cell.step < steps:
         timer = PhaseTimer()

@@ -354,10 +354,11 @@ KILLS = (
     ("summary_written", 6),
     ("checkpoint_removed", 6),  # the job's last act; attempt 7 writes the outputs and ends the cell
 )
-# Through Slurm each attempt is a job whose end the executor sees at its next status check (30-60 s
-# here, against 5-35 s locally), so the suite's Slurm chain is two kills: mid-save of step 4's checkpoint
-# (a kill before the record) and after the finished record. DLCREPRO_ALL_KILLS=1 runs all of KILLS
-# through Slurm too, as docs/faults.md's table did.
+# Through Slurm each attempt is a job whose end the executor sees only at its next status check, whose
+# interval grows with each check that finds none ended: from a kill to the retry's own kill or end took
+# 34-166 s there in docs/faults.md's table, against 5-36 s locally. So the suite's Slurm chain is two
+# kills: mid-save of step 4's checkpoint (a kill before the record) and after the finished record.
+# DLCREPRO_ALL_KILLS=1 runs all of KILLS through Slurm too, as docs/faults.md's table did.
 KILLS_SLURM = (("checkpoint_written:2", 4), ("finished_record", 6))
 
 

@@ -1,9 +1,9 @@
 """Extending the harness as docs/extending.md says: a correction is one function and one registry entry,
-nothing else; a figure is one function and one entry in the list of outputs; a metric one registered
-function. A copy of this checkout gets a throw-away correction added exactly that way, and the workflow
-trains it and puts it in the tables and figures beside `pg`; another copy gets a throw-away figure, and
-the workflow draws it and the report shows it with its caption; a third gets two throw-away metrics,
-and a cell's rows and the scan's rows carry them."""
+nothing else; a figure is one registered function and one entry in the list of outputs; a metric one
+registered function. A copy of this checkout gets a throw-away correction added exactly that way, and
+the workflow trains it and puts it in the tables and figures beside `pg`; another copy gets a
+throw-away figure, and the workflow draws it and the report shows it with its caption; a third gets
+two throw-away metrics, and a cell's rows and the scan's rows carry them."""
 
 import json
 import os
@@ -33,6 +33,7 @@ CORRECTION_INFO["halved_pg"] = CorrectionInfo("halved_pg", "½·A·∇ℓ(y)")
 
 THROWAWAY_FIGURE = '''
 
+@draws("steps_logged")
 def steps_logged(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
     """The steps each cell logged: a throw-away figure (tests/test_extending.py)."""
     counts = steps.groupby(A.CELL).size()

@@ -30,21 +30,27 @@ def test_each_output_is_listed_once_with_a_caption():
 
 def test_every_listed_figure_is_drawn_and_every_figure_function_is_listed():
     """A figure function: one of figures.py's public functions returning a Figure from the steps
-    (and runs) or from the findings table, named by its first parameter."""
+    (and runs) or from the findings table, named by its first parameter; each is registered
+    (`@draws`) under the name of the figure it draws, which the list names as reading that input."""
     from dlcrepro import figures as F
 
     def figure_functions(first):
         return {
-            name for name, f in vars(F).items()
+            name: f for name, f in vars(F).items()
             if inspect.isfunction(f) and f.__module__ == F.__name__ and not name.startswith("_")
             and inspect.signature(f).return_annotation in ("Figure", F.Figure)
             and next(iter(inspect.signature(f).parameters)) == first
         }
 
-    assert figure_functions("steps") == {o.name for o in outputs.FIGURES if o.reads == "runs"}
-    assert figure_functions("findings") == {o.name for o in outputs.FIGURES if o.reads == "findings"} == {"findings"}
+    for first, reads in (("steps", "runs"), ("findings", "findings")):
+        functions = figure_functions(first)
+        assert {name: F.FIGURES[name] for name in functions if name in F.FIGURES} == functions  # registered by its name
+        assert set(functions) == {o.name for o in outputs.FIGURES if o.reads == reads}
     assert {o.reads for o in outputs.FIGURES} == {"runs", "findings"}
-    assert list(F.FIGURES) == [o.name for o in outputs.FIGURES if o.reads == "runs"]
+    assert set(F.FIGURES) == {o.name for o in outputs.FIGURES}
+    assert F.drawn("noise_floor") is F.noise_floor
+    with pytest.raises(LookupError, match="registered"):
+        F.drawn("not_a_figure")
 
 
 def test_every_listed_table_has_its_caption_in_the_tables():
