@@ -21,8 +21,9 @@ import numpy as np
 import pandas as pd
 
 # summary keys that say how long, where or from which file, not what was computed
+# (`process`, `startup_seconds`: whether the job ran in a fork server's child and how long it took to start)
 NOT_COMPUTED = {"seconds_by_phase", "wall_seconds", "steps_timed", "peak_host_rss_mb", "device_memory", "metrics_file",
-                "model_dir", "computed_as", "tracking"}
+                "model_dir", "computed_as", "tracking", "process", "startup_seconds"}
 
 
 def cells(root: Path, pattern: str) -> dict[str, Path]:
