@@ -9,7 +9,12 @@ from typing import Callable
 from ..config import Config
 from .costs import initial_eval_minutes, rollouts_minutes
 
-# A training job's resources where neither its model nor the config's `resources` name them.
+# A training job's resources where neither its model nor the config's `resources` name them. One CPU:
+# a tiny cell's step is small products, softmaxes and engine calls that barely use a second thread, so
+# `--cores 2` runs two one-thread jobs at once. Measured on 2 AVX-512 EPYC cores (docs/measurements.md, "The
+# schedule on two cores"): 4 tiny cells of 40 steps took 85 s two at a time on one thread each, 119 s
+# one at a time on two threads (33.7 against 25.1 s a cell); the threads changed only the last bit of
+# the probes' gradient norms. Not measured on 4 or 8 cores, where the same rule gives 4 or 8 jobs at once.
 TRAIN_DEFAULTS = {"gpu": 0, "runtime": 30, "mem_mb": 4000, "cpus_per_task": 1}
 # What a cell that copies another one's metrics asks of a cluster: no GPU, one core, minutes.
 COPY_RESOURCES = {"gpu": 0, "runtime": 10, "mem_mb": 2000, "cpus_per_task": 1}
