@@ -70,7 +70,7 @@ def stopped_after(proc, stop=signal.SIGTERM, timeout: float = 120):
 # start, the rehearsal's checkpoint). Every other test is `quick`: `pytest -m quick` is the inner
 # loop of development (docs/extending.md); the README's test command still runs everything.
 # Heaviest first: under `pytest -n 3` (pytest-xdist, `--dist loadfile` from pyproject.toml) whole files
-# go to the workers in this order of their heaviest marker, so the two Slurm files (10-14 min each, mostly
+# go to the workers in this order of their heaviest marker, so the two Slurm files (8-10 min each alone, mostly
 # waiting on the cluster) start first on two workers and the third worker's files fill their waits.
 HEAVY_MARKERS = ("slurm", "slow", "engine", "snakemake")
 HEAVY_FIXTURES = {"tiny_model_dir", "smoke_warm_start", "rehearsal_cache"}
