@@ -7,8 +7,10 @@ them off the top of the heap when freed, so every step's activations land on fre
 kernel zeroes on first touch: in a cell under `bench/cell_profile.py` (tiny/stale/dlc, 4 steps, one
 thread, AVX-512 EPYC) the forward's `[3072, 128] x [128, 384]` product ran at 38 GFLOP/s against 97
 alone, and at 64 with the settings below. A cell's numbers do not change (nothing here touches the
-arithmetic; `bench/heap_settings.py` compares them), only its time: 4-7 % of a cell's phases, for ~25 MB more peak memory a cell
-(docs/measurements.md#the-heap-kept-2026-12-05-session-12-amd-epyc-with-avx-512-no-amx). Stdlib only.
+arithmetic; `bench/heap_settings.py` compares them), only its time: 4 % of two cells' phases in the
+bench, 1.6 % of a trained cell in the main command (its trainer phases 2-6 %), for ~25 MB more peak
+memory a cell (docs/measurements.md#the-heap-kept-2026-12-05-session-12-amd-epyc-with-avx-512-no-amx).
+Stdlib only.
 """
 
 from __future__ import annotations
