@@ -21,12 +21,6 @@ def glibc_version() -> str | None:
 needs_glibc = pytest.mark.skipif(glibc_version() is None, reason="the heap settings are glibc's mallopt; this libc is not glibc")
 
 
-@needs_glibc
-def test_settings_apply_under_glibc(monkeypatch):
-    monkeypatch.delenv(heap.OFF_ENV, raising=False)
-    assert heap.keep_freed_memory() is True
-
-
 def test_default_heap_kept_when_asked(monkeypatch):
     monkeypatch.setenv(heap.OFF_ENV, "1")
     assert heap.keep_freed_memory() is False
@@ -34,15 +28,20 @@ def test_default_heap_kept_when_asked(monkeypatch):
 
 @needs_glibc
 def test_every_dlcrepro_process_applies_them_before_the_command():
-    # `python -m dlcrepro` (every job, the fork server) calls it in __main__, before cli imports torch
+    # `python -m dlcrepro` (every job, the fork server) calls it in __main__, before cli imports torch;
+    # in a child process, so that no test worker's own heap is changed
     code = ("import runpy, sys\n"
             "from dlcrepro import heap\n"
             "calls = []\n"
             "real = heap.keep_freed_memory\n"
-            "heap.keep_freed_memory = lambda: calls.append('torch' in sys.modules) or real()\n"
+            "def wrapped():\n"
+            "    torch_loaded = 'torch' in sys.modules\n"
+            "    calls.append((torch_loaded, real()))\n"
+            "heap.keep_freed_memory = wrapped\n"
             "sys.argv = ['dlcrepro', '--help']\n"
             "try:\n    runpy.run_module('dlcrepro', run_name='__main__')\n"
             "except SystemExit:\n    pass\n"
             "print(calls)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip().splitlines()[-1] == "[False]"
+    env = {k: v for k, v in os.environ.items() if k != heap.OFF_ENV}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert out.strip().splitlines()[-1] == "[(False, True)]"  # called once, before torch, and applied
