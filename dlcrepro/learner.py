@@ -176,24 +176,27 @@ class Learner:
         return BatchLogProbs(a=torch.cat(a), b=torch.cat(b), kl_sampler=kl / max(s.tb.tokens.numel(), 1), kept=kept)
 
     def correction_grad(self, s: Scored, rollout: Rollout, e: torch.Tensor, lp: "BatchLogProbs", synced: bool,
-                        kept: "KeptLogits | None") -> tuple[torch.Tensor, dict[str, float]]:
+                        kept: "KeptLogits | None", logp_s: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """The correction's update direction (the gradient of its token-mean loss, summed over
         micro-batches, each chunk's loss weighted by its share of the batch's tokens, or of the
         terms its mean is over: `CorrectionLoss.mean_over`) and its diagnostics over the batch
-        (`corrections.weight_diagnostics`). θ_old is `lp.b`, the trainer before this batch."""
+        (`corrections.weight_diagnostics`). θ_old is `lp.b`, the trainer before this batch.
+        `logp_s`: θ_s's `(N, V)` log-distribution of the whole batch where an earlier pass over it
+        kept one (PPO's later epochs, `update`); else θ_s's forward per micro-batch."""
         n, g, weights, terms_total = s.tb.tokens.numel(), None, [], 0
         for sub, sl in self.micro_batches(s.tb):
             if kept is not None:
-                logits_t, logp_s = kept.logits_t, kept.logp_s
+                logits_t, logp_s_sub = kept.logits_t, kept.logp_s
             else:  # θ at this moment (PPO's later epochs see the updated θ), θ_s as sampled
                 # (`synced`: θ_t still equals θ_s, so its distribution is θ_s's)
                 logits_t = self.logits(self.policy, sub)
-                logp_s = self.sampler_logp(sub, synced, torch.log_softmax(logits_t.detach(), -1))
+                logp_s_sub = (logp_s[sl] if logp_s is not None
+                              else self.sampler_logp(sub, synced, torch.log_softmax(logits_t.detach(), -1)))
             q = None
             if self.correction.needs_q:
-                q = engine_distribution(rollout.topk_ids[sl].to(self.device), rollout.topk_logp[sl].to(self.device), logp_s)
+                q = engine_distribution(rollout.topk_ids[sl].to(self.device), rollout.topk_logp[sl].to(self.device), logp_s_sub)
             terms = TokenTerms(logits=logits_t, tokens=sub.tokens, adv=s.adv_tok[sl], e=e[sl], a=lp.a[sl], old=lp.b[sl],
-                               q=q, logp_s=logp_s, seq=sub.seq, num_seqs=sub.num_seqs)
+                               q=q, logp_s=logp_s_sub, seq=sub.seq, num_seqs=sub.num_seqs)
             out = self.correction.fn(terms, self.cparams)
             share = sub.tokens.numel() if out.mean_over is None else out.mean_over  # the terms its mean is over
             gi = flat_grad(out.loss * (share / n), self.params)
@@ -203,7 +206,7 @@ class Learner:
             # else this micro-batch's (n, V) logits, θ_s log-distribution and q, and a gradient the
             # size of the model, stay alive through the next one's forward: 8.9 GiB of a Qwen3-0.6B
             # paper step's peak (docs/cluster.md, "Memory and time model")
-            del logits_t, logp_s, q, terms, out, gi
+            del logits_t, logp_s_sub, q, terms, out, gi
         if terms_total != n:  # a mean over other terms (kept tokens, sequences): Σ_chunks (chunk sum) / (all terms)
             g.mul_(n / max(terms_total, 1))
         return g, weight_diagnostics(concat_weights(weights), s.tb.seq, s.tb.num_seqs)
@@ -219,16 +222,18 @@ class Learner:
         self.opt.zero_grad(set_to_none=True)
 
     def update(self, s: Scored, rollout: Rollout, e: torch.Tensor, lp: BatchLogProbs, g: torch.Tensor,
-               updates: int) -> torch.Tensor:
+               updates: int, logp_s: torch.Tensor | None = None) -> torch.Tensor:
         """The correction's `updates` SGD steps on one batch: the first along `g` (its direction at
         θ_t), each further one (PPO's epochs, `registry.updates_per_batch`) along a fresh gradient at
-        the moved θ with the same θ_old (`lp.b`); θ has moved, so θ_s's distribution comes from the
-        sampler's copy even where it was synced. Returns the run's update direction over all its
+        the moved θ with the same θ_old (`lp.b`) and the same θ_s: its distribution `logp_s` where
+        the first pass kept it (a one-micro-batch batch: `KeptLogits.logp_s`, θ_t's own where the
+        sampler was synced), else from the sampler's copy (θ has moved; where the sampler was
+        synced the copy is θ_t before the step). Returns the run's update direction over all its
         steps: `g` for one, else (θ_before − θ_after) / lr, the one SGD step that lands there."""
         if updates == 1:
             self.sgd_step(g)
             return g
         before = flat_params(self.params)
         for u in range(updates):
-            self.sgd_step(g if u == 0 else self.correction_grad(s, rollout, e, lp, False, None)[0])
+            self.sgd_step(g if u == 0 else self.correction_grad(s, rollout, e, lp, False, None, logp_s)[0])
         return (before - flat_params(self.params)) / self.tcfg.lr

@@ -296,17 +296,22 @@ class Trainer(Learner):
         with timer("probe"):
             probes = self.probe_batches(k, cell, idx, prompts) if probing else None
 
+        updates = updates_per_batch(self.correction.name, t)  # 1, or its own count, or train.updates_per_batch
         with timer("correction"):
+            kept = batch.trainer_logp.kept
             g_c, diagnostics = self.correction_grad(batch.scored, batch.rollout, batch.engine_logp, batch.trainer_logp,
-                                                    batch.synced, batch.trainer_logp.kept)
-            batch.trainer_logp.kept = None  # frees the kept graph's logits
+                                                    batch.synced, kept)
+            # PPO's later epochs read the θ_s distribution this pass read (the same numbers as θ_s's
+            # forward again: measured, docs/measurements.md); the kept graph's logits are freed here
+            logp_s = kept.logp_s if kept is not None and updates > 1 else None
+            batch.trainer_logp.kept = kept = None
             row.update(diagnostics)
             check_finite(k, row)
             check_direction_finite(k, g_c)
 
         with timer("update"):
-            updates = updates_per_batch(self.correction.name, t)  # 1, or its own count, or train.updates_per_batch
-            g_c = self.update(batch.scored, batch.rollout, batch.engine_logp, batch.trainer_logp, g_c, updates)
+            g_c = self.update(batch.scored, batch.rollout, batch.engine_logp, batch.trainer_logp, g_c, updates, logp_s)
+            del logp_s
             # a diverged run (a later PPO epoch's gradient, or a step that overflows θ) ends here
             # (train_steps records it) instead of writing a row whose dev is NaN and going on
             check_weights_finite(k, self.params, updates)

@@ -133,3 +133,36 @@ def test_token_budgeted_micro_batches_give_the_one_forward_numbers(model, correc
             assert abs(x - y) <= 1e-5 * max(1.0, abs(x)), (x, y)
         else:
             assert torch.allclose(x, y, rtol=1e-4, atol=1e-6), (x - y).abs().max()
+
+
+@pytest.mark.parametrize("synced", [False, True])
+@pytest.mark.parametrize("correction", ["ppo_multi", "dlc"])
+def test_later_sgd_steps_reading_the_kept_sampler_distribution_move_theta_as_recomputing_it(model, synced, correction):
+    """A batch's later SGD steps (PPO's epochs) on a one-micro-batch batch read θ_s's
+    log-distribution the first pass kept (`Learner.update(..., logp_s)`) instead of θ_s's forward
+    again: the same θ after four steps. `dlc` reads it (its q̃ and lag ratios; four steps forced
+    here), `ppo_multi` does not. Lagged: the kept one is θ_s's own no-grad forward, so equal bit for
+    bit. Synced: it is θ_t's forward with its graph, which equals the sampler copy's no-grad forward
+    in value (bit for bit in the tiny study's cells on an AVX-512 EPYC, docs/measurements.md;
+    compared here to float32 noise)."""
+    s, rollout = paper_step_batch(16, 4, prompt_len=4, resp_len=(1, 20), vocab=VOCAB, topk=8, seed=3)
+    after = {}
+    for reuse in (False, True):
+        learner = Learner(copy.deepcopy(model), TrainConfig(lr=0.1), correction, "float32", torch.device("cpu"))
+        if not synced:  # θ_t away from θ_s
+            with torch.no_grad():
+                for p in learner.params:
+                    p.add_(3e-2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+        lp = learner.log_probs(s, synced=synced)
+        assert lp.kept is not None  # one micro-batch: the first pass keeps θ_s's distribution
+        g, _ = learner.correction_grad(s, rollout, rollout.engine_logp, lp, synced, lp.kept)
+        logp_s = lp.kept.logp_s if reuse else None
+        lp.kept = None
+        direction = learner.update(s, rollout, rollout.engine_logp, lp, g, 4, logp_s)
+        after[reuse] = (direction, torch.cat([p.detach().reshape(-1) for p in learner.params]))
+    for x, y in zip(after[False], after[True]):
+        if synced:
+            assert torch.allclose(x, y, rtol=1e-5, atol=1e-7), (x - y).abs().max()
+        else:
+            assert torch.equal(x, y)
+    assert after[True][0].abs().max() > 0
