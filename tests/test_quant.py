@@ -98,3 +98,21 @@ def test_only_decoder_linear_weights_are_quantized():
 def test_rejects_non_matrix():
     with pytest.raises(ValueError, match="2-D"):
         quant.fp8_block_quantize(torch.zeros(3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_fp8_decode_is_torchs_decoding_bit_for_bit(dtype):
+    """The table lookup the CPU emulation decodes with gives torch's own `.to(dtype)` for every one
+    of the 256 codes (NaN codes included, compared as bits), and for a tensor of any shape."""
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[dtype]
+    assert torch.equal(quant.fp8_decode(codes, dtype).view(bits), codes.to(dtype).view(bits))
+    q = (torch.randn(3, 5, 128, generator=torch.Generator().manual_seed(1)) * 50).to(torch.float8_e4m3fn)
+    out = quant.fp8_decode(q, dtype)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert torch.equal(out.view(bits), q.to(dtype).view(bits))
+    assert torch.equal(quant.fp8_decode(q[:, 1], dtype), q[:, 1].to(dtype))  # a view that is not contiguous
+    other = torch.randn(4, 256, generator=torch.Generator().manual_seed(2))  # not FP8: cast as it is
+    assert torch.equal(quant.fp8_decode(other, dtype), other.to(dtype))
+    assert torch.equal(quant.fp8_block_dequantize(torch.ones(4, 256), torch.tensor([[2.0, 3.0]])),
+                       torch.tensor([2.0, 3.0]).repeat_interleave(128).expand(4, 256))
