@@ -26,10 +26,12 @@ SNAKEMAKE = [sys.executable, "-m", "snakemake", "--nolock"]  # tests write to th
 # process's start-up), as a factor either way, and from all of them together: chosen from the
 # measurements in docs/measurements.md ("The projection's error on the smoke config"): alone, cells
 # 0.68-1.22 and totals 0.84-0.94; in the suite, where the other worker's load differs between the
-# pilot and the grid, cells 0.48-2.13 and the total 0.99. Start-up counted as work (the error this
-# separates) put the own-process cells at 0.2.
+# pilot and the grid, cells 0.48-2.13 and the total 0.99, and once (2026-12-05, session 13, a docs-only
+# commit whose suite had passed twice on the code) every grid cell under more load than the pilot's:
+# cells 0.45-0.98, the total 0.63, below the 1.5 factor this bound had then. Start-up counted as work
+# (the error this separates) put the own-process cells at 0.2.
 CELL_WORK_FACTOR = 3.0
-TOTAL_WORK_FACTOR = 1.5
+TOTAL_WORK_FACTOR = 2.0
 
 
 def snakemake(*args, timeout=1200, env=None):
