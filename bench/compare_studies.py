@@ -1,6 +1,7 @@
 """Whether two studies computed the same numbers: every cell, every column but the timings.
 
     .venv/bin/python bench/compare_studies.py BEFORE/results AFTER/results [--cells 'tiny/stale/*/seed0']
+    .venv/bin/python bench/compare_studies.py --findings-input paper_tables/other_machines/amx-intel-184ede8 RUN/paper_tables
 
 For a change that is not meant to be numerical (issue #30: sharing work, skipping work done twice),
 run the study before and after it on the same machine and compare. Each cell found in both (by its
@@ -8,6 +9,12 @@ run the study before and after it on the same machine and compare. Each cell fou
 but the `sec_*` timings, bit for bit (NaN equal to NaN), and on its summary, every key but the
 seconds, the file digest and paths. Prints one line per cell that differs, naming the columns, then
 a count; exits 1 if any cell differs or none was compared. A benchmark's tool, not a test.
+
+`--findings-input`: the two directories hold a study's findings input (`findings_steps.csv`,
+`findings_runs.csv`: what the tables job writes, and what `paper_tables/other_machines/` keeps of
+another machine's run, whose per-cell files are not committed). The runs found in both (by model,
+sampler, correction, seed) are compared column by column, NaN equal to NaN; a run of one replicate
+against a committed input of two compares the seeds they share.
 """
 
 from __future__ import annotations
@@ -54,12 +61,38 @@ def differences(a: Path, b: Path) -> list[str]:
     return out
 
 
+RUN_KEY = ["model", "sampler", "correction", "seed"]
+
+
+def findings_input_differences(a: Path, b: Path) -> tuple[int, list[str]]:
+    """The runs both findings inputs hold, and what differs in them: per file, its columns."""
+    out, compared = [], 0
+    for name, key in (("findings_runs.csv", RUN_KEY), ("findings_steps.csv", RUN_KEY + ["step"])):
+        ta, tb = pd.read_csv(a / name), pd.read_csv(b / name)
+        runs = ta[RUN_KEY].drop_duplicates().merge(tb[RUN_KEY].drop_duplicates())
+        ta, tb = (t.merge(runs).sort_values(key).reset_index(drop=True) for t in (ta, tb))
+        if name == "findings_runs.csv":
+            compared = len(runs)
+        if len(ta) != len(tb):
+            out.append(f"{name}: rows {len(ta)} vs {len(tb)} over the shared runs")
+            continue
+        out += [f"{name}: column {c} only in one" for c in sorted(set(ta.columns) ^ set(tb.columns))]
+        out += [f"{name}: column {c}" for c in ta.columns if c in tb.columns and not same_values(ta[c], tb[c])]
+    return compared, out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("before", type=Path, help="a study's results directory")
     p.add_argument("after", type=Path)
     p.add_argument("--cells", default="*/*/*/seed*", help="glob of cell directories under each (default: all)")
+    p.add_argument("--findings-input", action="store_true",
+                   help="compare two findings inputs (directories with findings_steps.csv, findings_runs.csv)")
     args = p.parse_args()
+    if args.findings_input:
+        compared, diff = findings_input_differences(args.before, args.after)
+        print("\n".join(diff + [f"{compared} runs compared, {'some columns differ' if diff else 'every column equal'}"]))
+        return 1 if diff or not compared else 0
     a, b = cells(args.before, args.cells), cells(args.after, args.cells)
     both = sorted(set(a) & set(b))
     differ = 0
