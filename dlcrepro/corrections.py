@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Callable
 
 import torch
@@ -43,7 +44,9 @@ class TokenTerms:
     q: `(N, V)` the engine's next-token distribution at each prefix (rows sum to 1); None unless
       the correction is registered with `needs_q` (only then does the engine return its top-k
       log-probs and the trainer build this full-vocabulary tensor).
-    logp_s: `(N, V)` trainer log π(·|p; θ_s) over the vocabulary (for λ_v).
+    logp_s_of: a function giving `(N, V)` trainer log π(·|p; θ_s) over the vocabulary (for λ_v);
+      read it as `logp_s`, computed on the first read: a lagged sampler's batch in several
+      micro-batches costs θ_s's forward for it, which only a correction that reads it pays.
     seq: `(N,)` the token's sequence, 0 … num_seqs − 1 (a micro-batch always holds whole sequences).
     num_seqs: the number of sequences.
     """
@@ -55,13 +58,18 @@ class TokenTerms:
     a: torch.Tensor
     old: torch.Tensor
     q: torch.Tensor | None
-    logp_s: torch.Tensor
+    logp_s_of: Callable[[], torch.Tensor]
     seq: torch.Tensor
     num_seqs: int
 
     def logp(self) -> torch.Tensor:
         """`(N, V)` trainer log π(·|p; θ_t), float32."""
         return torch.log_softmax(self.logits.float(), dim=-1)
+
+    @cached_property
+    def logp_s(self) -> torch.Tensor:
+        """`(N, V)` trainer log π(·|p; θ_s): `logp_s_of()` on the first read, then kept."""
+        return self.logp_s_of()
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,7 @@ def check_corrections(dev: torch.device) -> str:
         tok = tokens.to(device)
         terms = TokenTerms(logits=logits, tokens=tok, adv=adv.to(device), e=e.to(device),
                            a=ls.gather(-1, tok[:, None]).squeeze(-1),
-                           old=b, q=q, logp_s=ls, seq=torch.arange(n, device=device) // 4, num_seqs=n // 4)
+                           old=b, q=q, logp_s_of=lambda: ls, seq=torch.arange(n, device=device) // 4, num_seqs=n // 4)
         out = {}
         for name, c in CORRECTIONS.items():
             (grad,) = torch.autograd.grad(c.fn(terms, CorrectionParams()).loss, w, retain_graph=True)

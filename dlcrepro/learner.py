@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -143,12 +144,16 @@ class Learner:
         with torch.no_grad():
             return torch.cat([token_logprobs(self.logits(model, sub), sub.tokens) for sub, _ in self.micro_batches(tb)])
 
-    def sampler_logp(self, sub: TokenBatch, synced: bool, logp_t: torch.Tensor) -> torch.Tensor:
+    def sampler_logp(self, sub: TokenBatch, synced: bool, logp_t: torch.Tensor | None) -> torch.Tensor:
         """`(n, V)` trainer log π(·|p; θ_s) of a micro-batch (θ_t's own when the sampler is synced)."""
         if synced:  # θ_s is θ_t: the same numbers
             return logp_t
         with torch.no_grad():
             return torch.log_softmax(self.logits(self.sampler_model, sub), -1)
+
+    def sampler_logp_of_logits(self, sub: TokenBatch, synced: bool, logits_t: torch.Tensor) -> torch.Tensor:
+        """`sampler_logp` from θ_t's logits of the micro-batch (their log-softmax only where synced)."""
+        return self.sampler_logp(sub, synced, torch.log_softmax(logits_t.detach(), -1) if synced else None)
 
     def log_probs(self, s: Scored, synced: bool) -> "BatchLogProbs":
         """Trainer log-probs of the sampled tokens at θ_s (a) and θ_t (b), and the mean
@@ -185,18 +190,20 @@ class Learner:
         kept one (PPO's later epochs, `update`); else θ_s's forward per micro-batch."""
         n, g, weights, terms_total = s.tb.tokens.numel(), None, [], 0
         for sub, sl in self.micro_batches(s.tb):
-            if kept is not None:
-                logits_t, logp_s_sub = kept.logits_t, kept.logp_s
+            # θ_s's distribution is given as a function: its forward (a lagged sampler's batch in
+            # several micro-batches) runs only where it is read, by q below or by the correction
+            if kept is not None:  # the first pass's (one micro-batch)
+                logits_t, logp_s_of = kept.logits_t, lambda: kept.logp_s
             else:  # θ at this moment (PPO's later epochs see the updated θ), θ_s as sampled
                 # (`synced`: θ_t still equals θ_s, so its distribution is θ_s's)
                 logits_t = self.logits(self.policy, sub)
-                logp_s_sub = (logp_s[sl] if logp_s is not None
-                              else self.sampler_logp(sub, synced, torch.log_softmax(logits_t.detach(), -1)))
-            q = None
-            if self.correction.needs_q:
-                q = engine_distribution(rollout.topk_ids[sl].to(self.device), rollout.topk_logp[sl].to(self.device), logp_s_sub)
+                logp_s_of = (partial(logp_s.__getitem__, sl) if logp_s is not None
+                             else partial(self.sampler_logp_of_logits, sub, synced, logits_t))
             terms = TokenTerms(logits=logits_t, tokens=sub.tokens, adv=s.adv_tok[sl], e=e[sl], a=lp.a[sl], old=lp.b[sl],
-                               q=q, logp_s=logp_s_sub, seq=sub.seq, num_seqs=sub.num_seqs)
+                               q=None, logp_s_of=logp_s_of, seq=sub.seq, num_seqs=sub.num_seqs)
+            if self.correction.needs_q:
+                terms.q = engine_distribution(rollout.topk_ids[sl].to(self.device), rollout.topk_logp[sl].to(self.device),
+                                              terms.logp_s)
             out = self.correction.fn(terms, self.cparams)
             share = sub.tokens.numel() if out.mean_over is None else out.mean_over  # the terms its mean is over
             gi = flat_grad(out.loss * (share / n), self.params)
@@ -206,7 +213,7 @@ class Learner:
             # else this micro-batch's (n, V) logits, θ_s log-distribution and q, and a gradient the
             # size of the model, stay alive through the next one's forward: 8.9 GiB of a Qwen3-0.6B
             # paper step's peak (docs/cluster.md, "Memory and time model")
-            del logits_t, logp_s_sub, q, terms, out, gi
+            del logits_t, logp_s_of, terms, out, gi
         if terms_total != n:  # a mean over other terms (kept tokens, sequences): Σ_chunks (chunk sum) / (all terms)
             g.mul_(n / max(terms_total, 1))
         return g, weight_diagnostics(concat_weights(weights), s.tb.seq, s.tb.num_seqs)

@@ -30,7 +30,7 @@ def terms(z_t, z_s, z_q, tokens, adv, z_old=None, seq=None):
     pick = lambda logp: logp.gather(-1, tok[:, None]).squeeze(-1)  # noqa: E731
     seq = torch.arange(len(tok)) if seq is None else torch.as_tensor(seq)
     return TokenTerms(logits=logits, tokens=tok, adv=torch.as_tensor(adv, dtype=torch.float32), e=pick(lq), a=pick(ls),
-                      old=pick(lo), q=lq.exp(), logp_s=ls, seq=seq, num_seqs=int(seq.max()) + 1)
+                      old=pick(lo), q=lq.exp(), logp_s_of=lambda: ls, seq=seq, num_seqs=int(seq.max()) + 1)
 
 
 def grad_of(name, t, params=P):

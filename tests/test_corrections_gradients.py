@@ -59,7 +59,7 @@ def batch(lengths=LENGTHS, adv=ADV, *, old_gap=None, engine_gap=None, seed=0, q_
     e = old - engine_gap if engine_gap is not None else pick(torch.log(q))
     seq = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
     return TokenTerms(logits=z.clone().requires_grad_(True), tokens=tokens, adv=per_token(adv, lengths), e=e,
-                      a=pick(torch.log(p_s)), old=old, q=q, logp_s=torch.log(p_s), seq=seq, num_seqs=len(lengths))
+                      a=pick(torch.log(p_s)), old=old, q=q, logp_s_of=lambda: torch.log(p_s), seq=seq, num_seqs=len(lengths))
 
 
 def grad(name, t, p=P):

@@ -166,3 +166,31 @@ def test_later_sgd_steps_reading_the_kept_sampler_distribution_move_theta_as_rec
         else:
             assert torch.equal(x, y)
     assert after[True][0].abs().max() > 0
+
+
+@pytest.mark.parametrize("correction, reads_theta_s", [("pg", False), ("ppo_multi", False), ("is", False),
+                                                        ("center", True), ("dlc", True)])
+def test_theta_s_forward_in_micro_batches_runs_only_for_a_correction_that_reads_its_distribution(model, correction,
+                                                                                                  reads_theta_s):
+    """A lagged batch in several micro-batches: the correction's pass computes θ_s's `(n, V)`
+    distribution per micro-batch only where it is read (`TokenTerms.logp_s`: q̃'s spread for the
+    centred ones, λ for dlc), once per micro-batch; `pg`, `is` and PPO's steps never read it, and no
+    θ_s forward runs for them. The gradient is the one a given distribution gives."""
+    s, rollout = paper_step_batch(16, 4, prompt_len=4, resp_len=(1, 20), vocab=VOCAB, topk=8, seed=5)
+    learner = Learner(copy.deepcopy(model), TrainConfig(lr=0.1, micro_batch=4), correction, "float32", torch.device("cpu"))
+    with torch.no_grad():  # θ_t away from θ_s
+        for p in learner.params:
+            p.add_(3e-2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+    lp = learner.log_probs(s, synced=False)
+    assert lp.kept is None and len(learner.micro_batches(s.tb)) == 4
+    forwards = []
+    hook = learner.sampler_model.get_decoder().register_forward_hook(lambda *_: forwards.append(1))  # what response_logits runs
+    try:
+        lazy, _ = learner.correction_grad(s, rollout, rollout.engine_logp, lp, False, None)
+    finally:
+        hook.remove()
+    assert len(forwards) == (4 if reads_theta_s else 0)
+    with torch.no_grad():
+        given = torch.log_softmax(learner.logits(learner.sampler_model, s.tb), -1)
+    eager, _ = learner.correction_grad(s, rollout, rollout.engine_logp, lp, False, None, given)
+    assert lazy.abs().max() > 0 and torch.allclose(lazy, eager, rtol=1e-4, atol=1e-6), (lazy - eager).abs().max()

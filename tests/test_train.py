@@ -228,7 +228,7 @@ def test_micro_batched_step_gives_the_full_batch_numbers(tiny_model_dir, smoke_c
     for name, i in (("seq_mis", 4), ("gspo", 7)):
         logits = tr.logits(tr.policy, s.tb)
         terms = TokenTerms(logits=logits, tokens=s.tb.tokens, adv=s.adv_tok, e=e, a=lp.a, old=lp.b, q=None,
-                           logp_s=tr.sampler_logp(s.tb, False, None), seq=s.tb.seq, num_seqs=s.tb.num_seqs)
+                           logp_s_of=lambda: tr.sampler_logp(s.tb, False, None), seq=s.tb.seq, num_seqs=s.tb.num_seqs)
         reference = flat_grad(get_correction(name).fn(terms, tr.cparams).loss, tr.params)
         for g in (full[i], chunked[i]):
             assert torch.allclose(g, reference, rtol=1e-4, atol=1e-6), (name, (g - reference).abs().max())

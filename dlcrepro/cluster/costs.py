@@ -50,8 +50,9 @@ def estimated_minutes(cfg: Config, model: str, correction: str | None = None) ->
     (None: the model is not in it): steps × (trainer shares scaled to the batch, the correction's
     gradient once per SGD step + probe share × probes + generated tokens / throughput + syncs) +
     evaluations + engine start. A further SGD step on the batch (registry.updates_per_batch:
-    ppo_multi's 4) is a fresh correction gradient at the moved θ, θ_s's forward included
-    (Learner.update), priced as the one measured."""
+    ppo_multi's 4) is a fresh correction gradient at the moved θ (Learner.update), priced as the
+    one measured: dlc's, θ_s's forward included, which a correction that does not read θ_s's
+    distribution skips (`TokenTerms.logp_s`): for those the estimate is high by that forward."""
     cost = step_cost(cfg, model)
     if cost is None:
         return None

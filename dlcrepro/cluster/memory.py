@@ -34,10 +34,12 @@ OUTSIDE_LAYERS_BYTES = dict(h=8, one=132)  # per padded token: the embedding's o
 # log-softmax, their gradients; θ_s's log-distribution, q and the centred score's int64 one-hot where
 # a correction reads them), the same in float32 and bf16 (`bench/memory_model.py logits`). `probe`: an
 # on-policy probe's gradient (`Learner.pg_grad`); the others: the correction's gradient
-# (`Learner.correction_grad`, θ_s's forward included). A correction not listed takes the largest.
+# (`Learner.correction_grad`: θ_s's forward only for a correction that reads its distribution, the
+# centred ones and dlc; the others 20 before it was computed on demand, 16 since: 2026-12-05, session
+# 14, docs/measurements.md). A correction not listed takes the largest.
 # ppo_multi is ppo's loss (corrections.ppo), one gradient at a time over its SGD steps: ppo's bytes.
-LOGIT_BYTES = {"probe": 12, "pg": 20, "center": 33, "is": 20, "is_center": 33, "ppo": 20, "dlc": 36, "is_resync": 20,
-               "tis": 20, "seq_tis": 20, "seq_mis": 20, "geo_rs": 20, "icepop": 20, "decoupled_ppo": 20, "center_tis": 44}
+LOGIT_BYTES = {"probe": 12, "pg": 16, "center": 33, "is": 16, "is_center": 33, "ppo": 16, "dlc": 36, "is_resync": 16,
+               "tis": 16, "seq_tis": 16, "seq_mis": 16, "geo_rs": 16, "icepop": 16, "decoupled_ppo": 16, "center_tis": 44}
 LOGIT_BYTES["ppo_multi"] = LOGIT_BYTES["ppo"]
 HEAD_INPUT_BYTES = {"bfloat16": 2, "float32": 4}  # × h per response token: the head's input (its dtype's bytes)
 GPU_GIB = 139.8  # an H200 as torch.cuda reports it (the cost model's GPU)
