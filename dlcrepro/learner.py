@@ -187,7 +187,8 @@ class Learner:
         terms its mean is over: `CorrectionLoss.mean_over`) and its diagnostics over the batch
         (`corrections.weight_diagnostics`). θ_old is `lp.b`, the trainer before this batch.
         `logp_s`: θ_s's `(N, V)` log-distribution of the whole batch where an earlier pass over it
-        kept one (PPO's later epochs, `update`); else θ_s's forward per micro-batch."""
+        kept one (PPO's later epochs, `update`); else θ_s's forward per micro-batch, run only where
+        the correction (or its q) reads the distribution."""
         n, g, weights, terms_total = s.tb.tokens.numel(), None, [], 0
         for sub, sl in self.micro_batches(s.tb):
             # θ_s's distribution is given as a function: its forward (a lagged sampler's batch in
@@ -234,8 +235,8 @@ class Learner:
         θ_t), each further one (PPO's epochs, `registry.updates_per_batch`) along a fresh gradient at
         the moved θ with the same θ_old (`lp.b`) and the same θ_s: its distribution `logp_s` where
         the first pass kept it (a one-micro-batch batch: `KeptLogits.logp_s`, θ_t's own where the
-        sampler was synced), else from the sampler's copy (θ has moved; where the sampler was
-        synced the copy is θ_t before the step). Returns the run's update direction over all its
+        sampler was synced), else from the sampler's copy where it is read (θ has moved; where the
+        sampler was synced the copy is θ_t before the step). Returns the run's update direction over all its
         steps: `g` for one, else (θ_before − θ_after) / lr, the one SGD step that lands there."""
         if updates == 1:
             self.sgd_step(g)
