@@ -28,6 +28,17 @@ def widths(chunks) -> list[int]:
     return [sub.input_ids.shape[1] for sub, _ in chunks]
 
 
+def moved_learner(model, correction: str, lagged: bool = True, **train) -> Learner:
+    """A float32 CPU `Learner` of `correction` on a copy of `model`; `lagged`: θ_t moved away from θ_s
+    (so dlc's ratios and q̃ are not trivial)."""
+    learner = Learner(copy.deepcopy(model), TrainConfig(lr=0.1, **train), correction, "float32", torch.device("cpu"))
+    if lagged:
+        with torch.no_grad():
+            for p in learner.params:
+                p.add_(3e-2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+    return learner
+
+
 # ----------------------------------------------------------------------------- the chunking
 
 
@@ -112,10 +123,7 @@ def test_token_budgeted_micro_batches_give_the_one_forward_numbers(model, correc
     token-budgeted micro-batches equal those of the whole batch in one forward (a stale θ_s, so
     dlc's ratios and q̃ are not trivial)."""
     s, rollout = paper_step_batch(16, 4, prompt_len=4, resp_len=(1, 40), vocab=VOCAB, topk=8, seed=0)
-    learner = Learner(copy.deepcopy(model), TrainConfig(lr=0.1), correction, "float32", torch.device("cpu"))
-    with torch.no_grad():  # θ_t away from θ_s
-        for p in learner.params:
-            p.add_(3e-2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+    learner = moved_learner(model, correction)
     results = {}
     for limits in ((1024, 0), (4, 32)):
         learner.tcfg = dataclasses.replace(learner.tcfg, micro_batch=limits[0], micro_batch_tokens=limits[1])
@@ -143,16 +151,12 @@ def test_later_sgd_steps_reading_the_kept_sampler_distribution_move_theta_as_rec
     again: the same θ after four steps. `dlc` reads it (its q̃ and lag ratios; four steps forced
     here), `ppo_multi` does not. Lagged: the kept one is θ_s's own no-grad forward, so equal bit for
     bit. Synced: it is θ_t's forward with its graph, which equals the sampler copy's no-grad forward
-    in value (bit for bit in the tiny study's cells on an AVX-512 EPYC, docs/measurements.md;
+    in value (bit for bit in the tiny study's cells on an AVX-512 EPYC and an AMX Xeon, docs/measurements.md;
     compared here to float32 noise)."""
     s, rollout = paper_step_batch(16, 4, prompt_len=4, resp_len=(1, 20), vocab=VOCAB, topk=8, seed=3)
     after = {}
     for reuse in (False, True):
-        learner = Learner(copy.deepcopy(model), TrainConfig(lr=0.1), correction, "float32", torch.device("cpu"))
-        if not synced:  # θ_t away from θ_s
-            with torch.no_grad():
-                for p in learner.params:
-                    p.add_(3e-2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+        learner = moved_learner(model, correction, lagged=not synced)
         lp = learner.log_probs(s, synced=synced)
         assert lp.kept is not None  # one micro-batch: the first pass keeps θ_s's distribution
         g, _ = learner.correction_grad(s, rollout, rollout.engine_logp, lp, synced, lp.kept)
@@ -177,10 +181,7 @@ def test_theta_s_forward_in_micro_batches_runs_only_for_a_correction_that_reads_
     centred ones, λ for dlc), once per micro-batch; `pg`, `is` and PPO's steps never read it, and no
     θ_s forward runs for them. The gradient is the one a given distribution gives."""
     s, rollout = paper_step_batch(16, 4, prompt_len=4, resp_len=(1, 20), vocab=VOCAB, topk=8, seed=5)
-    learner = Learner(copy.deepcopy(model), TrainConfig(lr=0.1, micro_batch=4), correction, "float32", torch.device("cpu"))
-    with torch.no_grad():  # θ_t away from θ_s
-        for p in learner.params:
-            p.add_(3e-2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+    learner = moved_learner(model, correction, micro_batch=4)
     lp = learner.log_probs(s, synced=False)
     assert lp.kept is None and len(learner.micro_batches(s.tb)) == 4
     forwards = []
