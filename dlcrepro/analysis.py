@@ -282,8 +282,9 @@ def percentile_mc_error(boots: np.ndarray, q: float) -> float:
     return float((b[hi] - b[lo]) / 2)
 
 
-def bootstrap_runs(df: pd.DataFrame, cols: list[str], stat, n_boot: int = 1000, seed: int = 0, margins=()) -> Bootstrapped:
-    """`stat` of the `(rows, len(cols))` array of `df`'s columns, and its 95 % percentile interval
+def bootstrap_runs(df: pd.DataFrame, cols: list[str], stat, n_boot: int = 1000, seed: int = 0, margins=(),
+                   level: float = 0.95) -> Bootstrapped:
+    """`stat` of the `(rows, len(cols))` array of `df`'s columns, and its `level` percentile interval
     resampling runs (not rows) with replacement; resamples where `stat` is NaN are dropped. With
     `margins`, resamples are added (doubling, up to MOST_RESAMPLES) until each end's Monte-Carlo error
     (`percentile_mc_error`) is below a tenth of its distance to the nearest margin, or 0, so the side
@@ -301,8 +302,9 @@ def bootstrap_runs(df: pd.DataFrame, cols: list[str], stat, n_boot: int = 1000, 
     while True:
         if not len(boots):
             return Bootstrapped(value, math.nan, math.nan, math.nan, n_boot)
-        lo, hi = (float(v) for v in np.percentile(boots, [2.5, 97.5]))
-        err = max(percentile_mc_error(boots, 0.025), percentile_mc_error(boots, 0.975))
+        tail = (1 - level) / 2
+        lo, hi = (float(v) for v in np.percentile(boots, [100 * tail, 100 * (1 - tail)]))
+        err = max(percentile_mc_error(boots, tail), percentile_mc_error(boots, 1 - tail))
         distance = min((abs(e - m) for e in (lo, hi) for m in margins), default=math.inf)
         if err == 0 or err < distance / 10 or len(boots) >= MOST_RESAMPLES:  # err 0: the ends are exact
             return Bootstrapped(value, lo, hi, err, len(boots))
@@ -315,12 +317,12 @@ def bootstrap_spearman(df: pd.DataFrame, xcol: str, ycol: str, n_boot: int = 100
 
 
 def spearman_difference(df: pd.DataFrame, xcol: str, zcol: str, ycol: str, n_boot: int = 1000, seed: int = 0,
-                        margins=()) -> Bootstrapped:
-    """ρ(x, y) − ρ(z, y) over all rows and its 95 % percentile interval, both ρ on the same resamples
-    of runs; with `margins`, resampled until the ends' Monte-Carlo error is a tenth of their distance
-    to them (`bootstrap_runs`)."""
+                        margins=(), level: float = 0.95) -> Bootstrapped:
+    """ρ(x, y) − ρ(z, y) over all rows and its `level` percentile interval, both ρ on the same
+    resamples of runs; with `margins`, resampled until the ends' Monte-Carlo error is a tenth of their
+    distance to them (`bootstrap_runs`)."""
     return bootstrap_runs(df, [xcol, zcol, ycol], lambda a: spearman(a[:, 0], a[:, 2]) - spearman(a[:, 1], a[:, 2]), n_boot, seed,
-                          margins)
+                          margins, level)
 
 
 def spearman_table(steps: pd.DataFrame, drops: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:

@@ -779,6 +779,7 @@ HEADLINE_UNITS = (
     ("steps", lambda x: f"{x:+.1f}", " steps"),
     ("resyncs", lambda x: f"{x:.3g}", " resyncs a run"),
     ("stale mean |λ|", lambda x: f"{x:.3g}×", " (|λ|, last / first 5 steps)"),
+    ("off-support share at collapse minus", lambda x: f"{100 * x:+.1f}", " points of off-support share"),
     ("off-support share", lambda x: f"{100 * x:.1f} %", " of tokens off-support"),
     ("kl_sampler", lambda x: f"{x:.3g}×", " the healthy runs' largest KL"),
     ("ρ(", lambda x: f"{x:+.3g}", " in ρ, off-support minus M"),
@@ -791,7 +792,7 @@ def _headline(row: pd.Series, label: str) -> str:
     brackets ("1.21× [1.01, 1.48×]", "+2.7 [-1.2, +6.4] points"), or with the range of its runs in
     parentheses where low and high are the smallest and largest run, not an interval ("+31.4 points
     (runs +30.7 to +32.0)"); else its text (a findings table written before the numbers were recorded)."""
-    v, lo, hi = (row.get(f"{label} {k}", np.nan) for k in ("value", "low", "high"))
+    v, lo, hi = (row.get(_number_column(label, k), np.nan) for k in ("value", "low", "high"))
     if pd.isna(v):
         return str(row[label])[2:]
     unit = str(row.get("unit", ""))
@@ -803,12 +804,22 @@ def _headline(row: pd.Series, label: str) -> str:
     return fmt(v) + f" [{fmt(lo).rstrip('×')}, {fmt(hi)}]" + suffix
 
 
+def _number_column(label: str, k: str) -> str:
+    """The findings table's column of a headline number: "value" for the pooled `result`, else
+    "<group> value"."""
+    return k if label == "result" else f"{label} {k}"
+
+
 def interval_kind(findings: pd.DataFrame) -> tuple[str, bool]:
     """What the findings table's brackets are, and whether they are the t-intervals of the current
     rules (a table with "seeds to decide") or the percentile bootstrap of the rules before them
     (at 3 seeds the seeds' smallest and largest: docs/method.md#intervals-over-seeds)."""
     from .findings_docs import DECIDE
 
+    if "level" in findings and len(findings):
+        level = 100 * float(findings["level"].iloc[0])
+        return (f"[a, b]: {level:.2f} % t-interval over seeds, the sequential design's level; multiples on the log scale "
+                "(F13: bootstrap over runs)", True)
     if DECIDE in findings:
         return "[a, b]: 95 % t-interval over seeds (F13: bootstrap over runs)", True
     rules = ", ".join(sorted(set(findings["rules"].astype(str)))) if "rules" in findings else "before the t-intervals"
@@ -828,9 +839,10 @@ def findings(findings: pd.DataFrame) -> Figure:
     each replicate's mean and interval against the paper's value (a red diamond). Brackets are
     intervals, parentheses the range of the runs (the legend says which interval: `interval_kind`);
     no text is cut, a long one wraps."""
-    from .findings_docs import category, replicate_columns
+    from .findings_docs import category, replicate_columns, verdict_of
 
-    reps = replicate_columns(findings)
+    reps = (["result"] if "result" in findings else []) + replicate_columns(findings)
+    verdicts = list(verdict_of(findings))
     n = len(findings)
     fig = plt.figure(figsize=(15.5, 0.52 * n + 2.1), layout="constrained")
     grid, forest = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3.3, 1.2]})
@@ -841,7 +853,7 @@ def findings(findings: pd.DataFrame) -> Figure:
     grid.set(xlim=(0, width), ylim=(n - 0.4, -1.1))
     grid.axis("off")
     for name, x, _, _ in cols:
-        grid.text(x + 0.08, -0.75, name, fontweight="bold", fontsize=9, va="center")
+        grid.text(x + 0.08, -0.75, {"result": "every seed"}.get(name, name), fontweight="bold", fontsize=9, va="center")
     for i, (_, r) in enumerate(findings.iterrows()):
         grid.text(0.08, i, _wrapped_text(f"{r['finding']}: {r['what']}", cols[0][3]), fontsize=8, va="center")
         grid.text(3.68, i, _wrapped_text(r["paper"], cols[1][3]), fontsize=8, va="center")
@@ -850,8 +862,8 @@ def findings(findings: pd.DataFrame) -> Figure:
             grid.add_patch(matplotlib.patches.Rectangle((x + 0.03, i - 0.45), w - 0.06, 0.9, color=VERDICT_COLOURS[mark], lw=0))
             text = "not run" if str(r[label]) == "not run" else f"{mark} {_headline(r, label)}"
             grid.text(x + 0.1, i, _wrapped_text(text, chars), fontsize=8, va="center")
-        seen = category(r["seen"]) == "seen"
-        grid.text(cols[-1][1] + 0.08, i, _wrapped_text(r["seen"], cols[-1][3]), fontsize=8, va="center",
+        seen = category(verdicts[i]) == "seen"
+        grid.text(cols[-1][1] + 0.08, i, _wrapped_text(verdicts[i], cols[-1][3]), fontsize=8, va="center",
                   fontweight="bold" if seen else "normal", color="#1B7837" if seen else "0.2")
     rows = [(i, r) for i, (_, r) in enumerate(findings.iterrows()) if str(r.get("unit", "")) == "x floor"]
     offsets = np.linspace(-0.18, 0.18, max(len(reps), 1))
@@ -861,17 +873,20 @@ def findings(findings: pd.DataFrame) -> Figure:
     open_below = []  # (y, mean, colour) of the intervals that reach 0 or below: no left end on a log axis
     for i, r in rows:
         for k, label in enumerate(reps):
-            v, lo, hi = (r.get(f"{label} {q}", np.nan) for q in ("value", "low", "high"))
+            v, lo, hi = (r.get(_number_column(label, q), np.nan) for q in ("value", "low", "high"))
             if pd.notna(v) and v > 0:
-                err = None if pd.isna(lo) else [[v - lo if lo > 0 else 0.0], [hi - v]]
-                if pd.notna(lo) and lo <= 0:
+                # a group of seeds beside the pooled result: its mean alone (its interval over a few seeds,
+                # at the design's level, spans decades and would hide the pooled one)
+                alone = reps[0] == "result" and label != "result"
+                err = None if pd.isna(lo) or alone else [[v - lo if lo > 0 else 0.0], [hi - v]]
+                if pd.notna(lo) and lo <= 0 and not alone:
                     open_below.append((i + offsets[k], v, colours[k % 4]))
                 bars = forest.errorbar([v], [i + offsets[k]], xerr=err, fmt="o", ms=4, color=colours[k % 4], lw=1.2, capsize=2)
                 for line in bars[2]:
                     line.set_linestyle(bar_style)
         if pd.notna(r.get("paper value", np.nan)):
             forest.plot([r["paper value"]], [i], ls="none", marker="D", ms=7, mfc="none", mew=1.5, color=PAPER_COLOUR)
-    if not any(pd.notna(r.get(f"{label} value", np.nan)) for _, r in rows for label in reps):
+    if not any(pd.notna(r.get(_number_column(label, "value"), np.nan)) for _, r in rows for label in reps):
         forest.set_xlim(0.5, 2000)
         forest.text(0.5, 0.5, "no headline numbers in this findings table\n(written before the rules recorded them)",
                     transform=forest.transAxes, ha="center", va="center", fontsize=9, color="0.3")
@@ -883,9 +898,10 @@ def findings(findings: pd.DataFrame) -> Figure:
     for y, v, colour in open_below:  # the bar runs on to the left edge and ends in a triangle there
         forest.add_artist(Line2D([left, v], [y, y], ls=bar_style, lw=1.2, color=colour))
         forest.add_artist(Line2D([left], [y], ls="none", marker="<", ms=5, color=colour, clip_on=False))
-    bar = "95 % t-interval" if t_intervals else "percentile bootstrap (dashed)"
-    handles = [Line2D([], [], ls=bar_style, marker="o", color=colours[k % 4], label=f"{lab}: mean and {bar}")
-               for k, lab in enumerate(reps)]
+    bar = "t-interval" if t_intervals else "percentile bootstrap (dashed)"
+    handles = [Line2D([], [], ls=bar_style, marker="o", color=colours[k % 4],
+                      label=f"every seed: mean and {bar}" if lab == "result" else
+                      f"{lab}: mean" + ("" if reps[0] == "result" else f" and {bar}")) for k, lab in enumerate(reps)]
     handles += [Line2D([], [], ls="none", marker="D", mfc="none", color=PAPER_COLOUR, label="the paper's M"),
                 Line2D([], [], **_ref_handle(":"), label="1× floor"), Line2D([], [], **_ref_handle("--"), label="2× floor")]
     notes = [Line2D([], [], ls="none", label=brackets),
@@ -896,8 +912,8 @@ def findings(findings: pd.DataFrame) -> Figure:
     fig.legend(handles=handles, loc="outside lower right", ncols=3, frameon=False, fontsize=8)
     rules = sorted(set(findings["rules"].astype(str))) if "rules" in findings else ["not recorded"]
     machine = sorted(set(findings["machine"].astype(str))) if "machine" in findings else ["not recorded"]
-    _title(fig, "The paper's findings against this study: each replicate's headline number on green where it is seen, red where "
-                "contradicted, yellow where its seeds cannot tell; the verdict over the replicates",
+    _title(fig, "The paper's findings against this study: the number over every seed, then each group of seeds alone; green: "
+                "seen, red: contradicted, yellow: undecided; the verdict pools every seed",
            f"rules of commit {', '.join(rules)}, computed on {', '.join(machine)}; the numbers, rules and margins: "
            "paper_tables/findings.md, docs/method.md#findings-and-replicates")
     return fig

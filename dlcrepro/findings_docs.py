@@ -16,13 +16,14 @@ import pandas as pd
 
 from .util import atomic_write_text
 
-# verdict categories in the order a count lists them (findings.verdict, findings.across_machines); the
-# last three are the words of tables written before three verdicts (findings.csv without "seeds to decide")
+# verdict categories in the order a count lists them (findings.findings_table's `verdict`); the others
+# are the words of tables written before the pooled verdict (two groups of seeds judged apart, a finding
+# relabelled across machines) and before three verdicts (findings.csv without "seeds to decide")
 CATEGORIES = ("seen", "seen on one machine", "seen on k of n machines", "seen in 1 replicate", "contradicted",
               "contradicted in 1 replicate", "not replicated", "undecided", "cannot tell", "holds in 1 replicate", "not seen")
 ALWAYS = ("seen", "contradicted", "undecided")  # counted even where 0
 ALWAYS_BEFORE = ("seen", "not replicated", "not seen")  # in a table written before three verdicts
-DECIDE = "seeds to decide"  # findings.findings_table's column: the seeds each undecided replicate would need
+DECIDE = "seeds to decide"  # findings.findings_table's column: the seeds an undecided finding would need
 BLOCK = re.compile(r"(<!-- begin ([\w-]+)[^>]*-->)(.*?)(<!-- end \2 -->)", re.S)
 
 
@@ -30,6 +31,13 @@ def category(verdict: str) -> str:
     """A verdict's category: "not seen (seeds 3,4,5 not run)" -> "not seen"."""
     v = str(verdict).split(" (")[0]
     return "seen on k of n machines" if re.fullmatch(r"seen on \d+ of \d+ machines", v) else v
+
+
+def verdict_of(findings: pd.DataFrame) -> pd.Series:
+    """The verdicts of a findings table, of the current form or an older one (findings.verdict_of)."""
+    from .findings import verdict_of as verdicts
+
+    return verdicts(findings)
 
 
 def replicate_columns(findings: pd.DataFrame) -> list[str]:
@@ -42,7 +50,7 @@ def replicate_columns(findings: pd.DataFrame) -> list[str]:
 def count_text(findings: pd.DataFrame) -> str:
     """"15 findings checked: 5 seen, 2 contradicted, 8 undecided" (other categories where present;
     a table from before three verdicts: "8 seen, 0 not replicated, 7 not seen")."""
-    n = Counter(category(v) for v in findings["seen"])
+    n = Counter(category(v) for v in verdict_of(findings))
     always = ALWAYS if DECIDE in findings else ALWAYS_BEFORE
     parts = [f"{n.get(c, 0)} {c}" for c in CATEGORIES if c in always or n.get(c)]
     return f"{len(findings)} findings checked: " + ", ".join(parts)
@@ -66,17 +74,21 @@ def rules_text(findings: pd.DataFrame) -> str:
 
 
 def table_text(findings: pd.DataFrame, with_rule: bool = False) -> str:
-    """The findings table in Markdown: the finding, the paper's value, each replicate's mark (✓ seen,
-    ✗ contradicted, ? undecided) and numbers as findings.csv has them, the verdict (bold where seen)
-    and, where the table has them, the seeds each undecided replicate would need."""
+    """The findings table in Markdown: the finding, the paper's value, what every seed shows (`result`,
+    with its mark: ✓ seen, ✗ contradicted, ? undecided), the seeds it pools, the verdict (bold where
+    seen), the seeds an undecided finding would need, and each group of seeds' mark and number beside
+    (a display of stability); a table from before the pooled verdict: each replicate's column instead."""
     reps = replicate_columns(findings)
     decide = [DECIDE] if DECIDE in findings else []
-    head = ["", "paper", *(["rule"] if with_rule else []), *reps, "verdict", *decide]
+    pooled = ["result", "seeds"] if "result" in findings else []
+    head = ["", "paper", *(["rule"] if with_rule else []), *pooled, "verdict", *decide, *reps]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for _, r in findings.iterrows():
+    verdicts = verdict_of(findings)
+    for (_, r), v in zip(findings.iterrows(), verdicts):
         label = f"{r['finding']}: {r['what']}" + (f" ({r['model']})" if findings["model"].nunique() > 1 else "")
-        verdict = f"**{r['seen']}**" if category(r["seen"]) == "seen" else str(r["seen"])
-        cells = [label, r["paper"], *([r["rule"]] if with_rule else []), *(r[c] for c in reps), verdict, *(r[c] for c in decide)]
+        verdict = f"**{v}**" if category(v) == "seen" else str(v)
+        cells = [label, r["paper"], *([r["rule"]] if with_rule else []), *(r[c] for c in pooled), verdict,
+                 *(r[c] for c in decide), *(r[c] for c in reps)]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
 
@@ -84,8 +96,8 @@ def table_text(findings: pd.DataFrame, with_rule: bool = False) -> str:
 def by_verdict_text(findings: pd.DataFrame) -> str:
     """"Seen: R, M, F4. Not seen: F2, F3." in the order of CATEGORIES."""
     groups: dict[str, list[str]] = {}
-    for _, r in findings.iterrows():
-        groups.setdefault(category(r["seen"]), []).append(str(r["finding"]))
+    for (_, r), v in zip(findings.iterrows(), verdict_of(findings)):
+        groups.setdefault(category(v), []).append(str(r["finding"]))
     return " ".join(f"{c[0].upper() + c[1:]}: {', '.join(groups[c])}." for c in CATEGORIES if c in groups)
 
 
@@ -117,7 +129,8 @@ def pages(root: Path) -> dict[Path, str]:
 
 def update(root: Path, findings_csv: Path) -> list[Path]:
     """Rewrite every page's generated blocks from `findings_csv`; the pages that changed."""
-    findings = pd.read_csv(findings_csv, dtype={"rules": str, "machine": str})  # a commit like 4e67747 is no number
+    # a commit like 4e67747 is no number
+    findings = pd.read_csv(findings_csv, dtype={"rules": str, "machine": str, "verdict": str})
     changed = []
     for page, method_link in pages(root).items():
         text = page.read_text(encoding="utf-8")

@@ -22,6 +22,7 @@ number with enough digits to show on which side of a margin it falls; `number` a
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -129,3 +130,85 @@ def apart(x: float, margins=(), digits: int = 3) -> str:
         if all(np.sign(shown - m) == np.sign(x - m) for m in margins if math.isfinite(m)):
             return f"{x:.{d}g}"
     return repr(x)
+
+
+# ----------------------------------------------------------------------------- multiplicative quantities
+
+
+def log_t_interval(values, level: float = LEVEL) -> tuple[float, float, float, float, int]:
+    """(geometric mean, low, high, sd of log, n): the Student-t `level` interval on the logs of
+    positive `values` (NaN and values <= 0 left out), taken back by exp. For a noise-floor multiple M
+    or a ratio of two cells' M: positive quantities spanning decades, whose arithmetic interval
+    reaches below 0 and covers far less than it claims (docs/method.md#intervals-over-seeds). Its
+    ends are always > 0; it covers the geometric mean (the median of a log-normal)."""
+    x = np.asarray(values, float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.where(x > 0, np.log(np.where(x > 0, x, 1.0)), np.nan)
+    mean, low, high, sd, n = t_interval(logs, level)
+    return math.exp(mean) if n else math.nan, math.exp(low) if low == low else math.nan, \
+        math.exp(high) if high == high else math.nan, sd, n
+
+
+# ----------------------------------------------------------------------------- seeds to decide
+
+POWER = 0.80  # "seeds to decide": the seeds at which an interval decides the rule with this probability
+
+
+@dataclass(frozen=True)
+class Projection:
+    """How many seeds would decide an undecided rule, and towards which verdict: `seeds` at the
+    observed spread, `fewest`/`most` at the ends of the spread's own 95 % interval (chi-square with
+    n − 1 degrees of freedom), None where more than MOST_SEEDS would be needed (or none could)."""
+
+    towards: str
+    seeds: int | None
+    fewest: int | None
+    most: int | None
+    basis: str = ""  # where the projection is not the power calculation: how it was made
+
+    def text(self) -> str:
+        """"18 towards seen (7–160 over the spread's 95 % interval)"."""
+        def n(x):
+            return f"> {MOST_SEEDS:,}" if x is None else f"{x:,}"
+        if self.basis:
+            return f"{n(self.seeds)} towards {self.towards} ({self.basis})"
+        return f"{n(self.seeds)} towards {self.towards} ({n(self.fewest)}–{n(self.most)} over the spread's 95 % interval)"
+
+
+def seeds_for_power(distance: float, sd: float, level: float = LEVEL, power: float = POWER) -> int | None:
+    """The fewest seeds n at which the t-interval at `level` excludes a bound `distance` away from the
+    true mean with probability `power`, the spread being `sd`: the noncentral t's
+    P(T_{n−1}(δ√n/σ) > t_{(1+level)/2, n−1}) >= power. None beyond MOST_SEEDS."""
+    from scipy import stats
+
+    if not (distance > 0 and sd == sd):
+        return None
+    if sd == 0:
+        return 2
+    n = np.arange(2, MOST_SEEDS + 1)
+    p = stats.nct.sf(t_quantile(n, level), n - 1, distance * np.sqrt(n) / sd)
+    ok = np.nonzero(p >= power)[0]
+    return int(n[ok[0]]) if len(ok) else None
+
+
+def projection(mean: float, sd: float, n: int, lower: float = -math.inf, upper: float = math.inf,
+               level: float = LEVEL, power: float = POWER) -> Projection | None:
+    """The seeds that would decide a rule on the region [lower, upper] (the paper's side) if the true
+    mean and spread were the observed ones, with `power`: towards seen where the mean lies inside the
+    region (its distance to the nearer finite bound), towards contradicted where outside (its
+    distance to the bound it lies beyond); and the same at the ends of the spread's 95 % interval
+    from n − 1 degrees of freedom (the true spread of 6 seeds may be 0.6–2.4 times the observed).
+    None without a mean, a spread or a finite bound, or with the mean on a bound."""
+    from scipy import stats
+
+    finite = [b for b in (lower, upper) if math.isfinite(b)]
+    if not finite or n < 2 or not (mean == mean and sd == sd):
+        return None
+    inside = lower <= mean <= upper
+    distance = min(abs(mean - b) for b in finite) if inside else (lower - mean if mean < lower else mean - upper)
+    if distance <= 0:
+        return None
+    df = n - 1
+    sd_low, sd_high = sd * math.sqrt(df / stats.chi2.ppf(0.975, df)), sd * math.sqrt(df / stats.chi2.ppf(0.025, df))
+    return Projection(SEEN if inside else CONTRADICTED, seeds_for_power(distance, sd, level, power),
+                      seeds_for_power(distance, sd_low, level, power), seeds_for_power(distance, sd_high, level, power))

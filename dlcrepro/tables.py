@@ -193,7 +193,8 @@ TEX_TEXT = {"/": r"/\allowbreak{}", "\\": r"\textbackslash{}", "&": r"\&", "%": 
             ">": r"\textgreater{}", "|": r"\textbar{}"}
 TEX_SYMBOL = {"±": r"\pm", "≤": r"\le", "≥": r"\ge", "→": r"\to", "×": r"\times", "−": "-", "δ": r"\delta", "λ": r"\lambda",
               "θ": r"\theta", "ρ": r"\rho", "π": r"\pi", "ε": r"\varepsilon", "Σ": r"\Sigma", "·": r"\cdot", "‖": r"\|",
-              "✓": r"\surd", "✗": r"\times", "≈": r"\approx", "∞": r"\infty", "†": r"\dagger", "∇": r"\nabla", "β": r"\beta",
+              "✓": r"\surd", "✗": r"\times", "≈": r"\approx", "√": r"\sqrt{}", "∞": r"\infty", "†": r"\dagger", "∇": r"\nabla",
+              "β": r"\beta",
               "α": r"\alpha", "μ": r"\mu", "σ": r"\sigma", "⁻": "^-", "¹": "^1", "²": "^2", "³": "^3", "₀": "_0"}
 TEX_WORD = {"–": "--", "—": "---", "’": "'", "“": "``", "”": "''", "…": r"\ldots{}", " ": " "}
 
@@ -324,11 +325,15 @@ def csv_only(df: pd.DataFrame) -> list[str]:
     """The columns a table keeps for programs (the .csv) and leaves out of the .md and .tex: raw
     numbers its text columns already show, and the findings' headline numbers (the summary figure's)."""
     numeric = ("mean", "sd", "ci_low", "ci_high", "unit", "paper value", "paper value derived")
-    said_in_caption = ("machine", "rules")  # the findings caption names them (one value per table)
+    findings_numbers = ("value", "low", "high", "seeds needed", "decidable")  # the findings' `result` shows them
+    said_in_caption = ("machine", "rules", "level")  # the findings caption names them (one value per table)
     nothing_compared = "other machines" in df.columns and (df["other machines"] == "none compared").all()
     per_replicate = (" value", " low", " high", " seeds needed")
-    return [c for c in df.columns if c in numeric + said_in_caption or (c.startswith("seeds ") and c.endswith(per_replicate))
-            or (c == "other machines" and nothing_compared)]
+    is_findings = "result" in df.columns
+    if is_findings and df["model"].nunique() == 1:
+        said_in_caption += ("model",)  # one model: the findings caption names it
+    return [c for c in df.columns if c in numeric + said_in_caption or (is_findings and c in findings_numbers)
+            or (c.startswith("seeds ") and c.endswith(per_replicate)) or (c == "other machines" and nothing_compared)]
 
 
 def redraw_tex(directory: Path) -> list[Path]:
@@ -426,13 +431,15 @@ CAPTIONS = {
         "out of M (a run that collapsed: floor 0), is listed after them without a rank (—). " + DIVERGED
     ),
     "findings": (
-        "Findings of the paper, each checked by the stated rule in each replicate (a group of seeds): ✓ seen = the "
-        "whole 95 % t-interval over seeds on the paper's side, ✗ contradicted = on the other side, ? undecided = it "
-        "straddles the bound (seeds to decide: how many seeds would decide it at the observed spread); a rule over "
-        "every run is seen where each run holds; an agreement is seen only with its whole interval inside the stated "
-        "margin; the verdict: seen or contradicted in every replicate, not replicated (seen in one, contradicted in "
-        "another), else undecided; seen on one machine = seen on one kind of CPU and not on another "
-        "(docs/method.md#three-verdicts). Rules of commit {rules}; computed on {machine}."
+        "Findings of the paper, each checked by the stated rule over every seed run (`seeds`), one verdict per finding: "
+        "✓ seen = the whole interval on the paper's side, ✗ contradicted = on the other side, ? undecided = it straddles "
+        "the bound (seeds to decide: the seeds that would decide it with 80 % power at the observed spread, towards which "
+        "verdict, and over the spread's own 95 % interval); multiples and ratios of multiples on the log scale "
+        "(geometric mean [interval]); every interval at {level} %, the level of the sequential design (Bonferroni over "
+        "its planned looks); an agreement is seen only with its whole interval inside the stated margin; the groups of "
+        "seeds beside it are judged alone as a display of stability, not a second vote; other machines: their verdicts "
+        "under the same rules, never this machine's relabelled (docs/method.md#three-verdicts). Rules of commit {rules}; "
+        "computed on {machine}{model}."
     ),
 }
 
@@ -508,7 +515,7 @@ def findings_from(directory: Path, other_machines: list[pd.DataFrame], n_boot: i
 def read_findings_table(path: Path) -> pd.DataFrame:
     """A findings.csv with its text columns as text: a rules commit such as "4e67747" is a number to
     pandas' reader (4e+67747), a verdict column of "1" or "nan" is not."""
-    return pd.read_csv(path, dtype={"rules": str, "machine": str, "seen": str})
+    return pd.read_csv(path, dtype={"rules": str, "machine": str, "seen": str, "verdict": str})
 
 
 def other_machine_findings(paths, n_boot: int = 1000) -> list[pd.DataFrame]:
@@ -526,12 +533,15 @@ def other_machine_findings(paths, n_boot: int = 1000) -> list[pd.DataFrame]:
 
 
 def caption(name: str, df: pd.DataFrame) -> str:
-    """A table's caption; the findings table's also names the replicates that did not run (their
-    column says "not run"), since its verdicts then stand on fewer replicates than the config asks for."""
+    """A table's caption; the findings table's also names the groups of seeds that did not run (their
+    column says "not run"), since its verdicts then pool fewer seeds than the config asks for."""
     text = CAPTIONS[name]
     if name == "findings" and len(df) and {"rules", "machine"} <= set(df.columns):
         text = text.replace("{rules}", str(df["rules"].iloc[0])).replace("{machine}", str(df["machine"].iloc[0]))
+        text = text.replace("{level}", f"{100 * float(df['level'].iloc[0]):.2f}" if "level" in df else "95")
+        models = sorted(set(df["model"].astype(str))) if "model" in df else []
+        text = text.replace("{model}", f"; model {models[0]}" if len(models) == 1 else "")
     missing = replicates_not_run(df) if name == "findings" else []
     if not missing:
         return text
-    return text + f" Not run in this grid: {'; '.join(missing)}; each verdict names the replicates it lacks."
+    return text + f" Not run in this grid: {'; '.join(missing)}; the verdicts pool the seeds that ran."

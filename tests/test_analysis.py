@@ -142,8 +142,10 @@ def test_tables_are_written_in_three_formats_with_the_paper_beside(tmp_path):
     assert row["mean"] == pytest.approx(np.mean([2.5, 5.0]))  # dev = (1..4)·(1+k), floor 1 each: M = 2.5, 5
     findings = pd.read_csv(tmp_path / "findings.csv")
     assert findings["finding"].tolist() == ["R", "M"] + [f"F{i}" for i in range(1, 14)]
-    # bf16/pg rises 0.25 -> 0.2 (seed 0) and 0.25 (seed 1): no run learns, the rule is contradicted
-    assert findings.loc[findings["finding"] == "R", "seen"].iloc[0] == "contradicted in 1 replicate"
+    # bf16/pg rises 0.25 -> 0.2 (seed 0) and 0.25 (seed 1): -5 and 0 points, below +10, but two seeds at
+    # the sequential design's level (t with 1 degree of freedom) cannot tell
+    r = findings.loc[findings["finding"] == "R"].iloc[0]
+    assert r["value"] == pytest.approx(-2.5) and r["high"] > 10 and r["verdict"] == "undecided"
     acc = pd.read_csv(tmp_path / "accuracy.csv")
     assert acc.loc[(acc.sampler == "bf16") & (acc.correction == "pg"), "final per seed"].iloc[0] == "0.2/0.25"
 
@@ -218,47 +220,24 @@ def test_percentile_mc_error_shrinks_as_one_over_root_resamples():
     assert 2.5 < small / large < 6.5  # √16 = 4
 
 
-def test_verdict_needs_every_replicate_and_at_least_two():
-    from dlcrepro.findings import verdict
-
-    assert verdict(["seen", "seen"]) == "seen"
-    assert verdict(["contradicted", "contradicted"]) == "contradicted"
-    assert verdict(["seen", "contradicted"]) == "not replicated"
-    assert verdict(["seen", "undecided"]) == "undecided"  # one replicate's seeds cannot tell
-    assert verdict(["undecided", "contradicted"]) == "undecided"
-    assert verdict(["seen", "not run"]).startswith("seen in 1 replicate")
-    assert verdict(["cannot tell", "not run"]).startswith("cannot tell")
-
-
-def test_a_verdict_over_fewer_replicates_names_the_ones_that_did_not_run():
-    from dlcrepro.findings import verdict
-
-    labels = ["seeds 0,1,2", "seeds 3,4,5"]
-    assert verdict(["seen", "seen"], labels) == "seen"
-    assert verdict(["seen", "not run"], labels) == "seen in 1 replicate (seeds 3,4,5 not run)"
-    assert verdict(["contradicted", "not run"], labels) == "contradicted in 1 replicate (seeds 3,4,5 not run)"
-    assert verdict(["not run", "undecided"], labels) == "undecided (seeds 0,1,2 not run)"
-    assert verdict(["cannot tell", "not run"], labels) == "cannot tell (seeds 3,4,5 not run)"
-    assert verdict(["contradicted", "not run"]) == "contradicted in 1 replicate (1 not run)"
-
-
-def test_findings_written_from_one_replicate_say_which_replicate_is_missing(tmp_path):
-    """The main command alone (seeds 0-2 of a config whose replicates are 0-2 and 3-5) rewrites the
-    findings table: the second replicate's column stays, saying "not run", and so do the caption and
-    every verdict."""
+def test_findings_from_one_group_of_seeds_pool_the_seeds_that_ran_and_say_which_group_did_not(tmp_path):
+    """The main command alone (seeds 0-2 of a config whose groups are 0-2 and 3-5): the verdicts pool
+    the seeds that ran (`seeds`); the other group's column stays, saying "not run", and the caption
+    says so."""
     steps, runs = _study([("bf16", "pg"), ("stale", "is"), ("stale", "dlc")], seeds=(0, 1))
     T.write_all(steps, runs, tmp_path, n_boot=20, replicates=[[0, 1], [2, 3]])
     f = pd.read_csv(tmp_path / "findings.csv")
-    assert list(f.columns[5:9]) == ["seeds 0,1", "seeds 2,3", "seen", "seeds to decide"]
-    assert (f["seeds 2,3"] == "not run").all()
-    assert f["seen"].str.endswith("(seeds 2,3 not run)").all()
+    assert list(f.columns[5:9]) == ["result", "seeds", "verdict", "seeds to decide"]
+    assert (f["seeds 2,3"] == "not run").all() and (f["seeds 0,1"] != "not run").all()
+    assert not f["verdict"].str.contains("not run").any()
+    assert f.loc[f["finding"] == "R", "seeds"].iloc[0] == 2
     md = (tmp_path / "findings.md").read_text().splitlines()
-    assert md[0].endswith("Not run in this grid: seeds 2,3; each verdict names the replicates it lacks.")
-    # both replicates ran: the caption and verdicts are as committed in paper_tables/findings.md
+    assert md[0].endswith("Not run in this grid: seeds 2,3; the verdicts pool the seeds that ran.")
+    # both groups ran: the caption is as committed in paper_tables/findings.md
     T.write_all(steps, runs, tmp_path, n_boot=20, replicates=[[0], [1]])
     written = T.read_findings_table(tmp_path / "findings.csv")
     assert (tmp_path / "findings.md").read_text().splitlines()[0] == T.caption("findings", written)
-    assert not pd.read_csv(tmp_path / "findings.csv")["seen"].str.contains("not run").any()
+    assert not pd.read_csv(tmp_path / "findings.csv")["seeds 0"].str.contains("not run").any()
 
 
 def _study(cells, seeds=(0, 1)):

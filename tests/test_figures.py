@@ -165,12 +165,12 @@ def test_the_summary_figure_sets_each_finding_beside_the_paper():
     grid, forest = fig.axes[:2]
     texts = [t.get_text() for t in grid.texts]
     assert sum(t.startswith(("F", "R:", "M:")) and ":" in t for t in texts) == len(FD.FINDINGS)
-    assert all(v in texts for v in table["seen"])
+    assert all(v in texts for v in table["verdict"])
     assert [t.get_text() for t in forest.get_yticklabels()] == ["F3", "F5", "F6", "F7", "F8", "F10"]
     assert any(ln.get_marker() == "D" and ln.get_xdata()[0] == 13.0 for ln in forest.get_lines())  # the paper's F3
-    # R's low and high are its smallest and largest run, not an interval: no brackets, said as a range
-    r = next(t for t in texts if t.startswith(("✓ rise", "✗ rise", "? rise", "✓ +", "✗ +", "? +", "✓ -", "✗ -", "? -")))
-    assert "[" not in r and "(runs " in r
+    # R's rise is an interval over seeds now, in brackets, in points
+    r = next(t for t in texts if t.startswith(("✓ +", "✗ +", "? +", "✓ -", "✗ -", "? -")) and "points" in t)
+    assert "[" in r and "(runs " not in r
 
 
 def test_the_papers_multiples_stand_right_of_the_data_and_their_labels_do_not_overprint():
@@ -264,13 +264,16 @@ def test_the_summary_figure_tells_an_interval_from_a_range_in_its_legend_and_cut
     assert FD.replicate_columns(table) == ["seeds 0,1", "seeds 2,3"]  # not "seeds to decide"
     fig = F.findings(table)
     texts = legend_texts(fig)
-    assert any(t.startswith("[a, b]: 95 % t-interval") for t in texts) and any(t.startswith("(runs a to b)") for t in texts)
+    from dlcrepro.sequential import DESIGN
+
+    level = f"[a, b]: {100 * DESIGN.level:.2f} % t-interval"
+    assert any(t.startswith(level) for t in texts) and any(t.startswith("(runs a to b)") for t in texts)
     assert len(fig.get_suptitle().splitlines()) == 2
     grid = fig.axes[0]
     assert not any("…" in t.get_text() for t in grid.texts)
     whats = " ".join(" ".join(t.get_text().split()) for t in grid.texts)
     assert all(f"{f.id}: {f.what}" in whats for f in FD.FINDINGS)  # each finding's words whole, wrapped at most
-    old = table.drop(columns=["seeds to decide"], errors="ignore").assign(rules="69b9542")
+    old = table.drop(columns=["seeds to decide", "level", "result"], errors="ignore").assign(rules="69b9542")
     assert any("percentile bootstrap" in t and "69b9542" in t for t in legend_texts(F.findings(old)))
 
 
