@@ -66,7 +66,7 @@ PAPER_PPO = "ppo_multi"
 # commits: 69b9542 (equivalence margins for F4 and F8, F7 on ppo_multi, verdicts across CPU kinds),
 # 4e67747 (#55: t-intervals over seeds, paired differences, three verdicts in each replicate)
 # (docs/method.md#rules-and-which-numbers-were-known-when).
-RULES_COMMIT = ""  # ten hex digits: "4e67747" alone reads back from a CSV as the float 4e+67747 (inf)
+RULES_COMMIT = "0514ac5712"  # ten hex digits: "4e67747" alone reads back from a CSV as the float 4e+67747 (inf)
 
 SEEN, CONTRADICTED, UNDECIDED = I.SEEN, I.CONTRADICTED, I.UNDECIDED
 CANNOT_TELL = "cannot tell"  # the rule has nothing to read (not in the grid, no collapse point)
