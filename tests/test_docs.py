@@ -288,10 +288,11 @@ def test_the_count_is_the_tables_and_a_changed_verdict_changes_it():
     committed = pd.read_csv(FINDINGS_CSV)
     text = D.count_text(committed)
     m = re.fullmatch(r"(\d+) findings checked: (\d+) seen, .*", text)
-    assert m and int(m.group(1)) == len(committed) and int(m.group(2)) == int((committed["seen"] == "seen").sum())
+    assert m and int(m.group(1)) == len(committed) and int(m.group(2)) == int((committed["verdict"] == "seen").sum())
     changed = committed.copy()
-    changed.loc[changed["finding"] == "F3", "seen"] = "seen on one machine"
-    assert D.count_text(changed) != text and "1 seen on one machine" in D.count_text(changed)
+    changed.loc[changed["finding"] == "F3", "verdict"] = "contradicted"
+    assert D.count_text(changed) != text
+    assert f"{int((committed['verdict'] == 'contradicted').sum()) + 1} contradicted" in D.count_text(changed)
     page = "x <!-- begin findings-count -->" + text + "<!-- end findings-count --> y"
     assert D.rewrite(page, D.blocks(changed, "m.md")) != page
     assert D.category("not seen (seeds 3,4,5 not run)") == "not seen"
