@@ -9,6 +9,8 @@ run the study before and after it on the same machine and compare. Each cell fou
 but the `sec_*` timings, bit for bit (NaN equal to NaN), and on its summary, every key but the
 seconds, the file digest and paths. Prints one line per cell that differs, naming the columns, then
 a count; exits 1 if any cell differs or none was compared. A benchmark's tool, not a test.
+`--added-columns`: for a change that adds columns (issue #68's mismatch parts), a column only AFTER
+has is not a difference; every column BEFORE has is still compared.
 
 `--findings-input`: the two directories hold a study's findings input (`findings_steps.csv`,
 `findings_runs.csv`: what the tables job writes, and what `paper_tables/other_machines/` keeps of
@@ -44,15 +46,16 @@ def same_values(a: pd.Series, b: pd.Series) -> bool:
     return a.astype(object).tolist() == b.astype(object).tolist()
 
 
-def differences(a: Path, b: Path) -> list[str]:
-    """What differs between two cells' numbers: column and summary-key names."""
+def differences(a: Path, b: Path, added: bool = False) -> list[str]:
+    """What differs between two cells' numbers: column and summary-key names (`added`: a column only
+    the second has is new, not a difference)."""
     ma, mb = pd.read_parquet(a / "metrics.parquet"), pd.read_parquet(b / "metrics.parquet")
     out = []
     if len(ma) != len(mb):
         out.append(f"rows {len(ma)} vs {len(mb)}")
     cols_a = {c for c in ma if not c.startswith("sec_")}
     cols_b = {c for c in mb if not c.startswith("sec_")}
-    out += [f"column {c} only in one" for c in sorted(cols_a ^ cols_b)]
+    out += [f"column {c} only in one" for c in sorted((cols_a - cols_b) if added else (cols_a ^ cols_b))]
     if len(ma) == len(mb):
         out += [f"column {c}" for c in sorted(cols_a & cols_b) if not same_values(ma[c], mb[c])]
     sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
@@ -88,6 +91,9 @@ def main() -> int:
     p.add_argument("--cells", default="*/*/*/seed*", help="glob of cell directories under each (default: all)")
     p.add_argument("--findings-input", action="store_true",
                    help="compare two findings inputs (directories with findings_steps.csv, findings_runs.csv)")
+    p.add_argument("--added-columns", action="store_true",
+                   help="columns only AFTER's tables have are new, not a difference (a change that adds metrics: "
+                        "every column BEFORE has must still be equal)")
     args = p.parse_args()
     if args.findings_input:
         compared, diff = findings_input_differences(args.before, args.after)
@@ -97,7 +103,7 @@ def main() -> int:
     both = sorted(set(a) & set(b))
     differ = 0
     for name in both:
-        diff = differences(a[name], b[name])
+        diff = differences(a[name], b[name], args.added_columns)
         if diff:
             differ += 1
             print(f"{name}: {', '.join(diff)}")

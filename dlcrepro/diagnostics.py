@@ -67,6 +67,91 @@ def mismatch_metrics(e: torch.Tensor, a: torch.Tensor, b: torch.Tensor, seq: tor
     return out
 
 
+# ----------------------------------------------------------------------------- the frameworks' names
+#
+# The mismatch as verl, slime and miles log it (docs/method.md#the-frameworks-mismatch-metrics), written
+# here from their definitions as read in: verl `compute_offpolicy_metrics`
+# (verl/trainer/ppo/rollout_corr_helper.py, verl-project/verl at 20c30bf8), slime's policy loss
+# (`train_rollout_logprob_abs_diff`) and miles' `compute_approx_kl(..., "low_var_kl")`
+# (miles/backends/training_utils/loss_hub/math_utils.py, radixark/miles at 067dc320).
+
+LOG_RATIO_BOUND = 20.0  # verl's SAFETY_BOUND, miles' _LOG_RATIO_EXP_CLAMP: |log-ratio| clamped before an exp
+K3_BOUND = 10.0  # miles clamps its per-token k3 (low_var_kl) to [-10, 10]
+
+# Every key field_metrics returns: verl's compute_offpolicy_metrics keys, then slime's and miles'.
+FIELD_METRICS = ("training_ppl", "training_log_ppl", "kl", "k3_kl", "rollout_ppl", "rollout_log_ppl", "log_ppl_diff",
+                 "log_ppl_abs_diff", "log_ppl_diff_max", "log_ppl_diff_min", "ppl_ratio", "chi2_token", "chi2_seq",
+                 "train_rollout_logprob_abs_diff", "train_rollout_kl")
+
+# The three applications of field_metrics a step logs: (part, the "trainer" side, the "engine" side)
+# in the notation of docs/method.md#notation. `total` is what the frameworks log (engine against the
+# trainer at θ_t); `discrepancy` (a against e) and `lag` (b against a) are its two parts.
+MISMATCH_PARTS = (("total", "b", "e"), ("discrepancy", "a", "e"), ("lag", "b", "a"))
+
+
+def mismatch_column(part: str, key: str) -> str:
+    """The step row's column of a framework metric `key` of a mismatch part: `mismatch_<part>_<key>`."""
+    return f"mismatch_{part}_{key}"
+
+
+def seq_means(x: torch.Tensor, seq: torch.Tensor, num_seqs: int) -> torch.Tensor:
+    """Per-sequence means `(B',)` of a per-token quantity `(N,)`, over the B' sequences that have tokens."""
+    n = torch.bincount(seq, minlength=num_seqs)
+    return seq_sums(x, seq, num_seqs)[n > 0] / n[n > 0]
+
+
+def field_metrics(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, seq: torch.Tensor, num_seqs: int) -> dict[str, float]:
+    """The mismatch under the frameworks' own names and definitions (`FIELD_METRICS`), from per-token
+    log-probs `(N,)` of the same tokens under the trainer and the engine, each token's sequence `seq`
+    `(N,)` in 0 … num_seqs − 1. With δ = trainer − engine per token:
+
+    verl (token means over the batch's tokens, or per sequence first, then the mean over sequences):
+    `kl` = mean(−δ), the k1 estimate of KL(q ‖ π), may be < 0; `k3_kl` = mean(e^δ − 1 − δ), no clamp;
+    `training_ppl` = mean_s exp(−mean_t log π), `training_log_ppl` = mean_s(−mean_t log π), and
+    `rollout_*` of the engine's; `log_ppl_diff` = mean_s d_s with d_s = mean_t(−δ) (> 0: the trainer is
+    less confident), `log_ppl_abs_diff` = mean_s |d_s|, `log_ppl_diff_max`/`_min` = max_s/min_s d_s,
+    `ppl_ratio` = mean_s e^{d_s}; `chi2_token` = mean(e^{2 clamp(δ, ±20)}) − 1 and
+    `chi2_seq` = mean_s e^{2 clamp(Σ_t δ, ±20)} − 1, χ²(π ‖ q).
+    slime: `train_rollout_logprob_abs_diff` = mean_s mean_t |δ| (its default, per sequence first).
+    miles: `train_rollout_kl` = mean_s mean_t clamp(e^c − 1 − c, ±10), c = clamp(δ, ±20).
+
+    In float64, so where verl's float32 overflows at 88 nats an unclamped exp here overflows at 709: a
+    value then +∞, which the NaN check leaves (`StepMetric.may_be_inf`). A sequence without tokens is
+    in no sequence mean."""
+    t, q = trainer_logp.double(), engine_logp.double()
+    delta = t - q
+    mean_t, mean_q = seq_means(t, seq, num_seqs), seq_means(q, seq, num_seqs)
+    d = mean_q - mean_t  # verl's per-sequence log_ppl_diff
+    c = delta.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    seq_log_ratio = seq_sums(delta, seq, num_seqs)[torch.bincount(seq, minlength=num_seqs) > 0]
+    out = {
+        "training_ppl": torch.exp(-mean_t).mean(),
+        "training_log_ppl": (-mean_t).mean(),
+        "kl": (-delta).mean(),
+        "k3_kl": (torch.exp(delta) - 1 - delta).mean(),
+        "rollout_ppl": torch.exp(-mean_q).mean(),
+        "rollout_log_ppl": (-mean_q).mean(),
+        "log_ppl_diff": d.mean(),
+        "log_ppl_abs_diff": d.abs().mean(),
+        "log_ppl_diff_max": d.max(),
+        "log_ppl_diff_min": d.min(),
+        "ppl_ratio": torch.exp(d).mean(),
+        "chi2_token": torch.exp(2 * c).mean() - 1,
+        "chi2_seq": torch.exp(2 * seq_log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)).mean() - 1,
+        "train_rollout_logprob_abs_diff": seq_means(delta.abs(), seq, num_seqs).mean(),
+        "train_rollout_kl": seq_means((torch.exp(c) - 1 - c).clamp(-K3_BOUND, K3_BOUND), seq, num_seqs).mean(),
+    }
+    return {k: float(v) for k, v in out.items()}
+
+
+def mismatch_parts(e: torch.Tensor, a: torch.Tensor, b: torch.Tensor, seq: torch.Tensor, num_seqs: int) -> dict[str, float]:
+    """field_metrics three times (`MISMATCH_PARTS`): the total a framework logs (b against e), and the
+    split none logs, discrepancy (a against e) and lag (b against a); columns `mismatch_<part>_<key>`."""
+    terms = {"e": e, "a": a, "b": b}
+    return {mismatch_column(part, k): v for part, trainer, engine in MISMATCH_PARTS
+            for k, v in field_metrics(terms[trainer], terms[engine], seq, num_seqs).items()}
+
+
 def off_support_share(logp_0: torch.Tensor, threshold: float) -> float:
     """Share of tokens whose probability under θ_0 is below `threshold`; `logp_0` `(N,)`."""
     return float((logp_0 < math.log(threshold)).double().mean()) if logp_0.numel() else float("nan")
@@ -162,6 +247,7 @@ class StepMetric:
     columns: tuple[str, ...]
     fn: Callable  # (BatchTerms or ProbeTerms, the row so far) -> {column: value}
     may_be_nan: bool  # NaN is a value, not a fault (a ratio whose denominator can be 0); probe columns always may
+    may_be_inf: bool = False  # +∞ is a value, not a fault (a framework's unclamped exp overflowed: field_metrics)
 
 
 STEP_METRICS: list[StepMetric] = []
@@ -173,7 +259,7 @@ EVAL_COLUMNS = ("accuracy_greedy", "accuracy_sampled", "heldout_accuracy_greedy"
 NOT_ALWAYS = ("ess_lag_presync", *EVAL_COLUMNS)
 
 
-def step_metric(when: str, *columns: str, may_be_nan: bool = False):
+def step_metric(when: str, *columns: str, may_be_nan: bool = False, may_be_inf: bool = False):
     """Register `fn(terms, row) -> {column: value}` as the metric columns `columns` of a step's row,
     computed `when` ("batch": every step, from BatchTerms; "probe": probe steps, from ProbeTerms)."""
     if when not in WHEN:
@@ -183,7 +269,7 @@ def step_metric(when: str, *columns: str, may_be_nan: bool = False):
         taken = set(columns) & {c for m in STEP_METRICS for c in m.columns}
         if taken:
             raise ValueError(f"step_metric {fn.__name__}: columns {sorted(taken)} are another metric's")
-        STEP_METRICS.append(StepMetric(when, tuple(columns), fn, may_be_nan))
+        STEP_METRICS.append(StepMetric(when, tuple(columns), fn, may_be_nan, may_be_inf))
         return fn
 
     return register
@@ -218,6 +304,11 @@ def may_be_nan(column: str) -> bool:
     return column in NOT_ALWAYS or any(column in m.columns and (m.when == "probe" or m.may_be_nan) for m in STEP_METRICS)
 
 
+def may_be_inf(column: str) -> bool:
+    """Whether +∞ in `column` is a value, not a fault: a framework's definition whose exp overflowed."""
+    return any(column in m.columns and m.may_be_inf for m in STEP_METRICS)
+
+
 @step_metric("batch", "reward_mean")
 def _reward(t: BatchTerms, row: dict) -> dict[str, float]:
     return {"reward_mean": float(t.rewards.mean())}
@@ -237,6 +328,11 @@ def _length(t: BatchTerms, row: dict) -> dict[str, float]:
              "discrepancy_std", "lag_mean", "lag_mean_abs", "lag_std")
 def _mismatch(t: BatchTerms, row: dict) -> dict[str, float]:
     return mismatch_metrics(t.e, t.a, t.b, t.seq, t.num_seqs)
+
+
+@step_metric("batch", *(mismatch_column(p, k) for p, _, _ in MISMATCH_PARTS for k in FIELD_METRICS), may_be_inf=True)
+def _mismatch_parts(t: BatchTerms, row: dict) -> dict[str, float]:
+    return mismatch_parts(t.e, t.a, t.b, t.seq, t.num_seqs)
 
 
 @step_metric("batch", "kl_sampler")

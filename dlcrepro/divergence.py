@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from .diagnostics import may_be_nan
+from .diagnostics import may_be_inf, may_be_nan
 from .util import Diverged, NonFiniteError
 
 __all__ = ["BLOWUP", "Diverged", "NonFiniteError", "blown_up", "check_direction_finite", "check_finite",
@@ -30,14 +30,16 @@ BLOWUP = 10.0
 
 
 def check_finite(step: int, row: dict) -> None:
-    """Raise NonFiniteError naming the step and the column if a value is infinite, or NaN where
-    the column is always defined (`diagnostics.may_be_nan`). Called on the step's batch metrics and
+    """Raise NonFiniteError naming the step and the column if a value is infinite (but +∞ where the
+    column may overflow, `diagnostics.may_be_inf`), or NaN where the column is always defined
+    (`diagnostics.may_be_nan`). Called on the step's batch metrics and
     the correction's diagnostics before the update (an overflowed ratio would turn θ into NaN), and
     on the whole row after it, before the row or a checkpoint is written: the run stops at that step,
     its last checkpoint intact. A fault, not an outcome: a diverged θ shows first in the update
     direction or the weights (check_direction_finite, check_weights_finite)."""
     for col, v in row.items():
-        if isinstance(v, float) and (math.isinf(v) or (math.isnan(v) and not may_be_nan(col))):
+        if isinstance(v, float) and ((math.isinf(v) and not (v > 0 and may_be_inf(col)))
+                                     or (math.isnan(v) and not may_be_nan(col))):
             raise NonFiniteError(f"step {step}: {col} is {v}; the run stops here (its last checkpoint is kept)")
 
 

@@ -116,6 +116,16 @@ FIGURES = (
         "the top edge): δ is the engine's rounding and stays roughly flat; λ grows while a stale sampler is not synced.",
     ),
     figure(
+        "mismatch_split",
+        "The training–inference mismatch a framework logs as one number, split: verl's k3_kl (mean over tokens of "
+        "e^δ − 1 − δ, prime-rl's mismatch_kl) of the discrepancy (engine against the trainer at the sampler's weights, "
+        "left) and of the lag (the trainer at the sampler's weights against its current ones, right) per step and "
+        "sampler, in nats per token on a scale linear below 10⁻⁶ and logarithmic above, averaged over the sampler's "
+        "distinct runs that finished (a copied cell once), with the 95 % t-interval of that mean over runs as a band "
+        "(docs/method.md, \"The frameworks' mismatch metrics\"); a run that diverged ends in a cross, a run off the "
+        "scale is a triangle on the top edge.",
+    ),
+    figure(
         "ess",
         "Lag ESS of each fresh batch under the lagged samplers (thick, with markers) with its Gaussian prediction "
         "exp(−Var λ) (thin, same colour) and the ESS 1/2 line at which IS fails (F1, F2). "

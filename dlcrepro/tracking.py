@@ -4,7 +4,8 @@ watch: TensorBoard, Weights & Biases, MLflow (config section `tracking`, docs/tr
 `metrics.parquet` stays the record. A tracker is a window on a running study: its run is named
 after the grid cell (`tiny/stale/dlc/seed0`) and grouped with the cell's other seeds
 (`tiny/stale/dlc`); it gets the cell's config as its parameters at the start, each step's row
-under the glossary's column names as the step ends (a NaN cell is left out: a probe or eval column
+under the glossary's column names (the mismatch parts' nested as the frameworks', `mismatch/lag/k3_kl`:
+`tracker_key`) as the step ends (a NaN cell is left out: a probe or eval column
 appears at the steps it is measured), and the run's summary at the end.
 
 A backend is one class with `start(cell, params)`, `log(step, row)` and `finish(summary)`
@@ -132,9 +133,25 @@ def cell_params(cfg, cell: dict) -> dict[str, Any]:
     })
 
 
+# The frameworks' dashboards nest their mismatch keys (verl's `rollout_corr/k3_kl`): a mismatch part's
+# column `mismatch_<part>_<key>` (diagnostics.mismatch_column, diagnostics.MISMATCH_PARTS) goes to a
+# tracker as `mismatch/<part>/<key>`, its part a group of its own beside a framework's run.
+NESTED = ("mismatch_total_", "mismatch_discrepancy_", "mismatch_lag_")
+
+
+def tracker_key(column: str) -> str:
+    """The key a tracker logs a metrics column under: its name, but `mismatch/<part>/<key>` for a
+    mismatch part's `mismatch_<part>_<key>`."""
+    for prefix in NESTED:
+        if column.startswith(prefix):
+            return prefix.rstrip("_").replace("_", "/") + "/" + column.removeprefix(prefix)
+    return column
+
+
 def step_values(row: dict) -> dict[str, float]:
-    """A metrics row as a tracker takes it: every column but `step` (the x axis), NaN cells left out."""
-    return {k: float(v) for k, v in row.items() if k != "step" and not (isinstance(v, float) and math.isnan(v))}
+    """A metrics row as a tracker takes it: every column but `step` (the x axis) under its
+    `tracker_key`, NaN cells left out."""
+    return {tracker_key(k): float(v) for k, v in row.items() if k != "step" and not (isinstance(v, float) and math.isnan(v))}
 
 
 def summary_numbers(summary: dict) -> dict[str, float]:

@@ -33,7 +33,9 @@ def study(cells, seeds=(0,), copies=None):
                  accuracy_sampled=[0.2, 0.3 + 0.05 * k, 0.3, 0.4], accuracy_greedy=[0.1] * 4, heldout_accuracy_greedy=[0.1] * 4,
                  ess_lag=[1.0, 0.8, 0.6, 0.4], ess_lag_gauss=[1.0, 0.7, 0.5, 0.3], off_support=[0.0, 0.1, 0.0, 0.2],
                  discrepancy_mean_abs=[0.01] * 4, lag_mean_abs=[0.0, 0.1, 0.2, 0.3], reward_mean=[-0.4, -0.2 + 0.1 * k, 0.0, 0.1],
-                 pass_at_1=[0.3] * 4, pass_at_k=[0.6] * 4, mixed_groups=[0.5] * 4, grad_snr=[2.0, 1.5, 1.0 + k, 0.8])
+                 pass_at_1=[0.3] * 4, pass_at_k=[0.6] * 4, mixed_groups=[0.5] * 4, grad_snr=[2.0, 1.5, 1.0 + k, 0.8],
+                 mismatch_discrepancy_k3_kl=[1e-4] * 4,
+                 mismatch_lag_k3_kl=[0.0] * 4 if s in ("bf16", "fp8") else [0.0, 0.01, 0.05 + 0.01 * k, 0.1])
         for s, c in cells for k in seeds
     ])
     runs = steps.groupby(A.RUN).agg(final_test_accuracy=("test_accuracy", "last")).reset_index()
@@ -222,6 +224,20 @@ def test_a_blown_up_run_sets_neither_the_kl_nor_the_lag_axis_and_is_marked_off_t
         assert len(top) == 1 and list(top[0].get_xdata()) == [3] and list(top[0].get_ydata()) == [1.0]
         assert F.OFF_SCALE_MARK[0] in legend_texts(fig)
     assert F.off_scale_runs(steps.loc[steps["correction"] == "pg"], "kl_sampler") == frozenset()  # none blown up: none off
+
+
+def test_the_split_figure_draws_the_k3_of_the_discrepancy_and_of_the_lag_and_says_when_the_runs_lack_them():
+    steps, runs = study([(s, "pg") for s in ("bf16", "stale")], seeds=(0, 1))
+    fig = F.mismatch_split(steps, runs)
+    axes = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in axes] == ["tiny: k3 KL of the discrepancy", "tiny: k3 KL of the lag"]
+    lag = axes[1]
+    means = sorted(list(line.get_ydata()) for line in lag.get_lines() if line.get_linewidth() == 1.4)  # a line per sampler
+    assert means == [[0.0] * 4, pytest.approx([0.0, 0.01, 0.055, 0.1])]  # bf16 has no lag; stale's, the mean of two seeds
+    assert "k3_kl" in title(fig) and "2 distinct finished runs" in title(fig)
+    old = steps.drop(columns=["mismatch_discrepancy_k3_kl", "mismatch_lag_k3_kl"])  # a study collected before #68
+    note = F.mismatch_split(old, runs)
+    assert "not in these runs" in " ".join(t.get_text() for ax in note.axes for t in ax.texts)
 
 
 def test_the_learning_figure_names_the_accuracy_by_what_the_config_measured():

@@ -241,9 +241,10 @@ def test_each_step_reaches_every_tracker_under_the_glossary_names_and_a_copy_log
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-4000:]
     cell = results / "tiny" / "bf16" / "pg" / "seed0"
-    want = table_series(cell / "metrics.parquet")
+    want = {tracking.tracker_key(c): series for c, series in table_series(cell / "metrics.parquet").items()}
     summary = json.loads((cell / "summary.json").read_text())
-    assert {"reward_mean", "ess_lag", "dev_ratio", "test_accuracy", "sec_sample"} <= set(want)
+    assert {"reward_mean", "ess_lag", "dev_ratio", "test_accuracy", "sec_sample", "mismatch/total/k3_kl",
+            "mismatch/discrepancy/k3_kl", "mismatch/lag/k3_kl"} <= set(want)
 
     # TensorBoard: one directory per run, <model>/<sampler>/<correction>/seed<k>, under the results
     board = results / "_tensorboard"
@@ -312,6 +313,21 @@ def test_a_tracker_that_loses_its_server_mid_run_is_reported_once_and_the_run_fi
     assert len(failures) == 1 and "logs no more in this run" in failures[0], failures
     status = json.loads((cell / "summary.json").read_text())["tracking"]["mlflow"]
     assert status.startswith("failed at step ") and int(status.split()[3].rstrip(":")) < steps, status
+
+
+def test_a_mismatch_part_reaches_a_tracker_nested_as_the_frameworks_keys_and_every_other_column_by_its_name():
+    from dlcrepro import diagnostics
+
+    parts = [p for p, _, _ in diagnostics.MISMATCH_PARTS]
+    assert tracking.NESTED == tuple(f"mismatch_{p}_" for p in parts)
+    keys = {c: tracking.tracker_key(c) for c in diagnostics.metric_columns()}
+    assert keys["mismatch_total_k3_kl"] == "mismatch/total/k3_kl"
+    assert keys["mismatch_discrepancy_train_rollout_logprob_abs_diff"] == "mismatch/discrepancy/train_rollout_logprob_abs_diff"
+    assert keys["mismatch_lag_log_ppl_diff_max"] == "mismatch/lag/log_ppl_diff_max"
+    assert all(k == c for c, k in keys.items() if not c.startswith("mismatch_"))  # discrepancy_mean stays itself
+    assert len(set(keys.values())) == len(keys)
+    assert tracking.step_values({"step": 3, "mismatch_lag_kl": 0.5, "dev": math.nan, "lag_mean": 0.1}) == {
+        "mismatch/lag/kl": 0.5, "lag_mean": 0.1}
 
 
 def test_the_workflow_schema_knows_the_same_trackers():
