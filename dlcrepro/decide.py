@@ -289,7 +289,7 @@ def finding_status(verdict: str, seeds: int, needed: float, decidable: bool, cel
     if cells is None:
         return EVERY_CELL, "its rule pools every cell's collapse points; no few cells decide it"
     if verdict in ("seen", "contradicted"):
-        return DECIDED, f"{verdict} on {seeds} seeds"
+        return DECIDED, f"{verdict} on {seeds} seed{'s' if seeds != 1 else ''}"
     if verdict != "undecided":
         return "not spent: nothing to read", f"{verdict}: its cells are not in this grid or show nothing to read"
     if not cells:
@@ -405,7 +405,8 @@ def summary_markdown(looks: list[dict]) -> str:
         lines.append(f"| {x['look']} | {x['seeds']} | {len(x['cells'])} | {len(x['next']['cells'])} | {gpu} | "
                      f"{', '.join(x['open']) or '—'} |")
     lines += ["", f"Ended: {last['next']['why']}.", "",
-              "| finding | model | verdict | seeds | seeds needed | status | look | why |", "|---|---|---|---:|---:|---|---:|---|"]
+              "| finding | model | verdict | seeds | seeds needed | status | look | why |",
+              "|---|---|---|---:|---:|---|---:|---|"]
     for f in last["findings"]:
         need = "—" if f["seeds needed"] is None else f"{f['seeds needed']:.0f}"
         now = f" (now {f['now']})" if f.get("now") and f["now"] != f["verdict"] else ""
