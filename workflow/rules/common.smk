@@ -537,7 +537,7 @@ def decide_look_file(k):
 
 def decide_look_record(k):
     """Look k's record, once its checkpoint has run (until then Snakemake re-evaluates the DAG later)."""
-    return json.loads(Path(checkpoints.decide_look.get(k=k).output[0]).read_text())
+    return json.loads(Path(checkpoints.decide_look.get(k=k).output.look).read_text())
 
 
 def decide_cells(k):
@@ -567,7 +567,7 @@ def decide_looks(wildcards):
     """Every look's record, up to the one that asks for no more seeds."""
     k, files = 0, []
     while True:
-        files.append(checkpoints.decide_look.get(k=k).output[0])
+        files.append(checkpoints.decide_look.get(k=k).output.look)
         if decide_look_record(k)["done"]:
             return files
         k += 1

@@ -39,8 +39,8 @@ checkpoint decide_look:
         design=decide_design_input,
         previous=decide_previous_input,
     output:
-        decide_look_file("{k}"),
-        f"{DECIDE}/look{{k}}.csv",
+        look=decide_look_file("{k}"),
+        findings=f"{DECIDE}/look{{k}}.csv",
     log:
         f"{LOGS}/decide/look{{k}}.log",
     wildcard_constraints:
@@ -52,7 +52,7 @@ checkpoint decide_look:
         previous=decide_previous_arg,
     shell:
         "{params.python} -m dlcrepro look --steps {input.steps} --runs {input.runs} --design {input.design} "
-        "{params.previous} --look {wildcards.k} --out {output[0]} > {log} 2>&1"
+        "{params.previous} --look {wildcards.k} --out {output.look} > {log} 2>&1"
 
 
 rule decide:
