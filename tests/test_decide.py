@@ -211,6 +211,24 @@ def test_the_dry_run_of_decide_shows_the_first_looks_checkpoint(tmp_path):
     assert "checkpoint jobs" in said
 
 
+@pytest.mark.snakemake
+def test_a_cell_of_a_seed_past_the_grid_is_the_grids_cell_with_that_seed(tmp_path):
+    """The smoke grid has seed 0 only; its decide run trains seeds 1 and 2. Such a cell that copies
+    another (bf16/dlc is bf16/is_center) waits for its twin, and a lagged cell reads its seed's shared
+    rollouts, kept with the top-k the grid's corrections read; a seed past the cap is no cell."""
+    cfg = smoke_decide_config(tmp_path)
+    results = tmp_path / "results" / "tiny"
+    p = snakemake("-n", "-p", *cfg, "--", str(results / "bf16" / "dlc" / "seed2" / "summary.json"),
+                  str(results / "stale" / "center" / "seed2" / "summary.json"))
+    said = p.stdout + p.stderr
+    assert p.returncode == 0, said[-3000:]
+    trained = sorted(re.findall(r"--correction (\w+) --seed (\d+)", said))
+    assert trained == [("center", "2"), ("dlc", "2"), ("is_center", "2")], trained
+    assert re.search(r"dlcrepro rollouts .*--sampler stale --seed 2 --topk 64 ", said), said[-3000:]
+    p = snakemake("-n", *cfg, "--", str(results / "bf16" / "pg" / "seed3" / "summary.json"))
+    assert p.returncode != 0 and "No rule to produce" in p.stdout + p.stderr, (p.stdout + p.stderr)[-3000:]
+
+
 @pytest.mark.slow
 def test_the_smoke_decide_run_trains_only_the_undecided_findings_cells_to_its_cap(tmp_path):
     """The smoke grid (one seed) decided with a batch of 1 seed up to 3: each look's JSON says what it
