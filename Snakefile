@@ -19,6 +19,7 @@ include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/scaling.smk"
 include: "workflow/rules/rehearsal.smk"
 include: "workflow/rules/pilot.smk"
+include: "workflow/rules/decide.smk"
 
 
 show_plan()  # at parse time: a dry run with missing weights stops here (workflow/rules/common.smk)

@@ -161,6 +161,36 @@ def cmd_findings(args) -> int:
     return 0
 
 
+def cmd_look(args) -> int:
+    """One look of `snakemake decide`: the findings of the look's runs, pooled, and the next batch."""
+    import pandas as pd
+
+    from .decide import Design, findings_of_look, next_look, pooled_verdicts
+    from .util import atomic_write_text
+
+    design = json.loads(Path(args.design).read_text())
+    previous = json.loads(Path(args.previous).read_text()) if args.previous else None
+    runs = pd.read_parquet(args.runs)
+    table = findings_of_look(pd.read_parquet(args.steps), runs, Design(**design["design"]))
+    cells = [f"{r.model}/{r.sampler}/{r.correction}/seed{r.seed}" for r in runs.itertuples()]
+    record = next_look(pooled_verdicts(table), design, args.look, cells, previous)
+    out = Path(args.out)
+    atomic_write_text(out.with_suffix(".csv"), table.to_csv(index=False))
+    atomic_write_text(out, json.dumps(record, indent=1) + "\n")
+    print(f"look {args.look}: {record['seeds']} seeds, {len(record['cells'])} cells read; open: "
+          f"{', '.join(record['open']) or 'none'}; next: {len(record['next']['cells'])} cells ({record['next']['why']})")
+    return 0
+
+
+def cmd_decide_summary(args) -> int:
+    from .decide import summary_markdown
+    from .util import atomic_write_text
+
+    looks = sorted((json.loads(Path(p).read_text()) for p in args.looks), key=lambda x: x["look"])
+    atomic_write_text(Path(args.out), summary_markdown(looks))
+    return 0
+
+
 def cmd_docs(args) -> int:
     from .findings_docs import update
 
@@ -212,7 +242,20 @@ def cmd_plan(args) -> int:
         print(plan_text(cfg, " ".join(args.config)))
     except CalibrationError as e:  # a calibration file of another config under results_dir
         raise SystemExit(f"plan: {e}") from None
+    print("\n".join(decide_plan_lines(cfg, args.decide_findings)))
     return 1 if missing_message(cfg) else 0
+
+
+def decide_plan_lines(cfg, source: str | None) -> list[str]:
+    """The plan's section on `snakemake decide`: at the cap, and expected from a study's findings input
+    (--decide-findings DIR; by default the config's tables_dir where it holds one)."""
+    from .decide import expected_from, plan_lines
+    from .outputs import FINDINGS_INPUT
+
+    directory = Path(source or cfg.tables_dir)
+    if source is None and not all((directory / f).exists() for f in FINDINGS_INPUT):
+        return plan_lines(cfg)
+    return plan_lines(cfg, expected_from(directory), f"the verdicts and spreads of {directory}'s findings input, pooled")
 
 
 def calibrate_plan(cfg, results: Path, earlier: str | None) -> None:
@@ -377,6 +420,21 @@ def main(argv: list[str] | None = None) -> int:
                     help="other CPU kinds' findings.csv or findings input (default: those under <from>/other_machines/)")
     fi.set_defaults(fn=cmd_findings)
 
+    lk = sub.add_parser("look", help="one look of `snakemake decide`: the pooled findings of the runs so far, and the cells "
+                        "the next batch of seeds trains (dlcrepro/decide.py)")
+    lk.add_argument("--steps", required=True, help="the look's steps.parquet (collect over its cells)")
+    lk.add_argument("--runs", required=True, help="the look's runs.parquet")
+    lk.add_argument("--design", required=True, help="the decide run's design.json (the workflow writes it)")
+    lk.add_argument("--previous", help="the previous look's JSON (none at look 0)")
+    lk.add_argument("--look", type=int, required=True, help="this look's index, 0 for grid.seeds")
+    lk.add_argument("--out", required=True, help="the look's JSON; its findings table goes beside it as .csv")
+    lk.set_defaults(fn=cmd_look)
+
+    ds = sub.add_parser("decide-summary", help="the decide run's summary (markdown) from its looks' JSON files")
+    ds.add_argument("--looks", nargs="+", required=True)
+    ds.add_argument("--out", required=True)
+    ds.set_defaults(fn=cmd_decide_summary)
+
     dc = sub.add_parser("docs", help="rewrite the README's and docs/results.md's findings count and table from findings.csv")
     dc.add_argument("--root", default=".", help="the repository (default: here)")
     dc.add_argument("--findings", help="the findings table (default: <root>/paper_tables/findings.csv)")
@@ -421,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
                     "project the rest, write RESULTS/_calibration.<config name>.json (the rules' requests then read it)")
     pl.add_argument("--projection-error", metavar="CALIBRATION", help="with --calibrate: first compare an earlier calibration "
                     "file's projections with the jobs that have run since")
+    pl.add_argument("--decide-findings", metavar="DIR", help="price `snakemake decide` as expected from the findings input "
+                    "(findings_steps.csv, findings_runs.csv) in DIR (default: the config's tables_dir where it holds one)")
     pl.set_defaults(fn=cmd_plan)
 
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -292,6 +292,22 @@ class GridConfig:
 
 
 @dataclass
+class DecideConfig:
+    """The sequential design of `snakemake decide` (dlcrepro/decide.py, docs/workflow.md): its first
+    look is grid.seeds; each later look trains a batch of seeds more, only for the cells the
+    undecided findings read, until every finding is decided or stopped, or a cap is reached."""
+
+    batch: int = field(default=3, metadata=allowed(ge=1))
+    """seeds added at each look after the first."""
+    cap_seeds: int = field(default=24, metadata=allowed(ge=1))
+    """seeds a finding gets at most (grid.seeds counted); a finding whose projected seeds lie past it
+    stops early and says so. With grid.seeds and batch it sets the looks: at most decide.MAX_LOOKS."""
+    cap_gpu_hours: float = field(default=0.0, metadata=allowed(ge=0))
+    """GPU-hours the looks after the first may spend by the plan's cost model (dlcrepro/cluster/costs.py);
+    the looks stop before a batch that would pass it. 0 = no GPU-hour cap."""
+
+
+@dataclass
 class Config:
     name: str = "tiny"
     """name of this configuration (tiny, smoke, paper)."""
@@ -317,6 +333,8 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     models: dict[str, ModelConfig] = field(default_factory=dict)
     grid: GridConfig = field(default_factory=GridConfig)
+    decide: DecideConfig = field(default_factory=DecideConfig)
+    """the sequential design of the `decide` target; changing it reruns no cell."""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     """where training runs are also watched (TensorBoard, W&B, MLflow); not part of the science:
     changing it reruns no cell (docs/tracking.md)."""

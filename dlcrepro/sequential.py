@@ -32,8 +32,8 @@ class Design:
     cap: int = 24
 
     def __post_init__(self):
-        if not (2 <= self.first <= self.cap and self.batch >= 1):
-            raise ValueError(f"a sequential design needs 2 <= first <= cap and batch >= 1; got first={self.first}, "
+        if not (1 <= self.first <= self.cap and self.batch >= 1):
+            raise ValueError(f"a sequential design needs 1 <= first <= cap and batch >= 1; got first={self.first}, "
                              f"batch={self.batch}, cap={self.cap} (config key decide)")
 
     @property

@@ -1,4 +1,5 @@
 # Helpers of the workflow: config validation, the grid table, paths, the fork server. No rule lives here.
+import json
 import os
 import shlex
 import signal
@@ -13,7 +14,8 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 # The package's torch-free modules, from this checkout (the Snakemake env need not have it installed).
 sys.path.insert(0, str(Path(workflow.basedir).resolve()))
-from dlcrepro import cluster, outputs, procs, tracking
+from dlcrepro import cluster, decide, outputs, procs, tracking
+from dlcrepro.config import ConfigError
 from dlcrepro.config import build as build_config
 from dlcrepro.config import tracking_for_jobs
 from dlcrepro.config import with_base
@@ -78,6 +80,12 @@ def grid_cells():
 
 CELLS = grid_cells()
 CELL_KEYS = {(c["model"], c["sampler"], c["correction"], c["seed"]) for c in CELLS}
+# `snakemake decide` trains cells of seeds past grid.seeds (decide.cap_seeds): such a cell is the cell
+# the grid would have with that seed, so its copy source and its rollouts' top-k are read from the
+# grid widened to those seeds (dlcrepro/decide.py); for grid.seeds it is the grid itself.
+DECIDE_CFG = decide.widened(CFG)
+DECIDE_SEEDS = DECIDE_CFG.grid.seeds
+WIDE_KEYS = {(c.model, c.sampler, c.correction, c.seed) for c in cluster.grid_cells(DECIDE_CFG)}
 
 
 def same_cell(wildcards):
@@ -86,7 +94,7 @@ def same_cell(wildcards):
     that the grid leaves out is no help, and the cell trains."""
     w = wildcards
     same = cluster.copy_source(
-        CFG, w.model, w.sampler, w.correction, int(w.seed), CELL_KEYS
+        CFG, w.model, w.sampler, w.correction, int(w.seed), WIDE_KEYS
     )
     return (w.model, w.sampler, same, int(w.seed)) if same else None
 
@@ -137,7 +145,7 @@ def initial_eval_arg(wildcards, input):
 def rollouts_topk(wildcards):
     """The top-k log-probs a rollouts job keeps (cluster.rollouts_topk)."""
     w = wildcards
-    return cluster.rollouts_topk(CFG, w.model, w.sampler, w.seed)
+    return cluster.rollouts_topk(DECIDE_CFG, w.model, w.sampler, w.seed)
 
 
 def _alternatives(values):
@@ -148,7 +156,7 @@ wildcard_constraints:
     model=_alternatives(config["grid"]["models"]),
     sampler=_alternatives(config["grid"]["samplers"]),
     correction=_alternatives(config["grid"]["corrections"]),
-    seed=_alternatives(config["grid"]["seeds"]),
+    seed=_alternatives(DECIDE_SEEDS),  # grid.seeds, then the decide run's (decide.seed_order)
 
 
 def replicate_args():
@@ -499,3 +507,67 @@ def other_machine_findings():
 
 def other_machine_args(files):
     return ("--other-machines " + " ".join(shlex.quote(f) for f in files)) if files else ""
+
+
+# ----------------------------------------------------------------------------- the decide run
+# `snakemake decide` (workflow/rules/decide.smk, dlcrepro/decide.py): a checkpoint per look; each
+# look reads the cells the previous look read and the batch it asked for.
+DECIDE = f"{RESULTS}/_decide"
+
+
+def decide_design_input(wildcards):
+    """<results_dir>/_decide/design.json: the design, the seed order, the grid's cells and copies and
+    the cost model's prices (decide.design_file), rewritten only when they change."""
+    try:
+        text = json.dumps(decide.design_file(CFG), indent=1, sort_keys=True) + "\n"
+    except ConfigError as e:
+        raise WorkflowError(str(e))
+    path = Path(DECIDE) / "design.json"
+    if not path.exists() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return str(path)
+
+
+def decide_look_file(k):
+    return f"{DECIDE}/look{k}.json"
+
+
+def decide_look_record(k):
+    """Look k's record, once its checkpoint has run (until then Snakemake re-evaluates the DAG later)."""
+    return json.loads(Path(checkpoints.decide_look.get(k=k).output.look).read_text())
+
+
+def decide_cells(k):
+    """The cells (model/sampler/correction/seed<k>) look k reads: the grid at look 0, else look
+    k - 1's and the batch it asked for."""
+    previous = decide_look_record(k - 1) if k > 0 else None
+    return decide.look_cells(k, decide.first_look_cells(CFG), previous)
+
+
+def decide_cell_files(name):
+    def get(wildcards):
+        return [f"{RESULTS}/{c}/{name}" for c in decide_cells(int(wildcards.k))]
+
+    return get
+
+
+def decide_previous_input(wildcards):
+    k = int(wildcards.k)
+    return [decide_look_file(k - 1)] if k > 0 else []
+
+
+def decide_previous_arg(wildcards, input):
+    return f"--previous {input.previous}" if input.previous else ""
+
+
+def decide_looks(wildcards):
+    """Every look's record, up to the one that asks for no more seeds."""
+    k, files = 0, []
+    while True:
+        files.append(checkpoints.decide_look.get(k=k).output.look)
+        if decide_look_record(k)["done"]:
+            return files
+        k += 1
