@@ -21,6 +21,7 @@ import dataclasses
 import math
 
 from .config import Config, ConfigError
+from .registry import CORRECTION_INFO, resync_corrections
 from .sequential import Design
 
 MAX_LOOKS = 7  # Snakemake re-evaluates the DAG after each checkpoint: a handful of looks, not dozens
@@ -33,7 +34,11 @@ EVERY_CELL = "not spent: reads every cell"
 # the same seed. None: the rule pools every cell's collapse points, so no few cells can decide it.
 CELLS_READ: dict[str, tuple[tuple[str, str], ...] | None] = {
     "R": (REFERENCE,),  # reference_learns: bf16/pg's rise per seed
-    "M": (("fp8", "pg"), ("stale", "pg")),  # mechanism pools every fp8 cell and every stale cell without resync: one of each
+    # mechanism's ratio per seed is a mean over every fp8 cell and every stale cell without resync: a new
+    # seed trains them all, or its ratio would be another quantity than the first seeds' (cells outside
+    # the grid are dropped)
+    "M": (tuple(("fp8", c) for c in CORRECTION_INFO)
+          + tuple(("stale", c) for c in CORRECTION_INFO if c not in resync_corrections())),
     "F1": (("stale", "is"), REFERENCE),  # the ESS crossing and a collapse (a drop against the reference)
     "F2": (("stale", "is"),),  # the empirical and the Gaussian crossing, no drop
     "F3": (("fp8", "pg"), ("fp8", "center")),

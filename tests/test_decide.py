@@ -172,8 +172,13 @@ def test_the_plan_prices_each_look_of_the_paper_at_the_cap_and_as_expected():
     rows = [re.match(r"\s+(\d+)\s+(\d+)\s+(\d+) cells\s+([\d.]+)\s+(\d+) cells\s+([\d.]+)", x) for x in lines]
     rows = [r.groups() for r in rows if r]
     assert [int(r[1]) for r in rows] == [6, 9, 12, 15, 18, 21]
-    # at the cap: 12 cells a seed and model (dlcrepro/decide.py CELLS_READ) x 2 models x 3 seeds a look
-    assert all(int(r[2]) == 72 for r in rows)
+    # at the cap: every cell a spendable finding reads (dlcrepro/decide.py CELLS_READ) that the paper's grid
+    # has x 2 models x 3 seeds a look
+    from dlcrepro import cluster
+
+    grid = {(c.sampler, c.correction) for c in cluster.grid_cells(cfg)}
+    read = {cell for cells in D.CELLS_READ.values() for cell in cells or () if cell in grid}
+    assert all(int(r[2]) == len(read) * 2 * 3 for r in rows), (len(read), rows)
     # expected: F3 alone stays open, until the look at 9 seeds: fp8/pg and fp8/center, 2 models, 3 seeds a look
     assert [int(r[4]) for r in rows] == [12, 12, 0, 0, 0, 0]
     assert float(rows[0][5]) < float(rows[0][3]) and float(rows[2][5]) == 0.0
