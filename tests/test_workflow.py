@@ -44,6 +44,24 @@ def test_lint_is_clean():
     assert p.returncode == 0 and "Congratulations" in p.stdout + p.stderr, p.stdout + p.stderr
 
 
+def pinned_snakefmt() -> str:
+    """The snakefmt version the workflow extra pins (`snakefmt==X`), which scripts/setup.sh installs."""
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["workflow"]
+    return next(r.split("==")[1] for r in extra if r.startswith("snakefmt=="))
+
+
+def test_snakefmt_leaves_the_snakefile_and_the_rules_unchanged():
+    """`snakefmt --check` (pyproject.toml's [tool.snakefmt]: 130 columns) over the Snakefile and
+    workflow/: the rules in the catalog's one format, as `snakemake --lint` checks what they say."""
+    p = subprocess.run([sys.executable, "-m", "snakefmt", "--version"], capture_output=True, text=True)
+    assert p.returncode == 0, f"snakefmt is not installed: pip install -e '.[workflow]' ({p.stderr.strip()})"
+    assert p.stdout.split()[-1] == pinned_snakefmt(), f"{p.stdout.strip()}, but pyproject.toml pins snakefmt=={pinned_snakefmt()}"
+    p = subprocess.run([sys.executable, "-m", "snakefmt", "--check", "--diff", "Snakefile", "workflow"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    said = f"snakefmt --check Snakefile workflow (`snakefmt Snakefile workflow` formats them):\n{p.stdout}{p.stderr}"
+    assert p.returncode == 0, said
+
+
 @pytest.mark.snakemake
 def test_paper_grid_is_168_training_jobs(tmp_path):
     hub = fake_hf_cache(tmp_path / "hub")  # the weights and data the plan checks for before the DAG

@@ -42,9 +42,7 @@ HF_CACHE = hf_hub_cache().resolve()  # where hf models and parquet data are foun
 # config `tracking`: training jobs find the study's section, its directories resolved under
 # RESULTS, in their environment (as they find the fork server), not in their config file, a rule
 # param or shell text, whose changes would rerun every cell (dlcrepro/tracking.py, config.tracking_for_jobs).
-_TRACKING = tracking_for_jobs(
-    config.get("tracking"), RESULTS, config.get("name", "tiny")
-)
+_TRACKING = tracking_for_jobs(config.get("tracking"), RESULTS, config.get("name", "tiny"))
 if _TRACKING:
     os.environ[tracking.ENV] = _TRACKING
 else:
@@ -70,10 +68,7 @@ ANALYSIS_ENV = "../../envs/analysis.yaml"
 
 def grid_cells():
     """The grid as a list of dicts, exclusions removed (the grid is data, not code: dlcrepro/cluster/cells.py)."""
-    return [
-        dict(model=c.model, sampler=c.sampler, correction=c.correction, seed=c.seed)
-        for c in cluster.grid_cells(CFG)
-    ]
+    return [dict(model=c.model, sampler=c.sampler, correction=c.correction, seed=c.seed) for c in cluster.grid_cells(CFG)]
 
 
 CELLS = grid_cells()
@@ -85,9 +80,7 @@ def same_cell(wildcards):
     cell waits for that one and copies its metrics instead of training; a cell it would equal but
     that the grid leaves out is no help, and the cell trains."""
     w = wildcards
-    same = cluster.copy_source(
-        CFG, w.model, w.sampler, w.correction, int(w.seed), CELL_KEYS
-    )
+    same = cluster.copy_source(CFG, w.model, w.sampler, w.correction, int(w.seed), CELL_KEYS)
     return (w.model, w.sampler, same, int(w.seed)) if same else None
 
 
@@ -270,8 +263,9 @@ def job_resource(job, name):
 
     def get(wildcards, attempt=1):
         kind = "copy" if job == "train" and same_cell(wildcards) is not None else job
-        r = cluster.job_resources(CFG, wildcards.model, kind, getattr(wildcards, "sampler", None), CALIBRATION,
-                                  job_name(job, wildcards), attempt)
+        r = cluster.job_resources(
+            CFG, wildcards.model, kind, getattr(wildcards, "sampler", None), CALIBRATION, job_name(job, wildcards), attempt
+        )
         return cluster.gres(r) if name == "gres" else r[name]
 
     return get
