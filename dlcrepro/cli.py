@@ -170,6 +170,27 @@ def cmd_docs(args) -> int:
     return 0
 
 
+def cmd_reproduce(args) -> int:
+    from .reproduce import write_report
+
+    r = write_report(args.run, args.committed, args.out, args.figure_dir, args.n_boot)
+    print(f"{r.headline}\nreport: {args.out}")
+    return 0
+
+
+def cmd_publish(args) -> int:
+    from .publish import publish
+
+    try:
+        written = publish(args.tables, args.figures, args.to_tables, args.to_figures)
+    except (ValueError, FileNotFoundError) as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(f"published {len(written)} files into {args.to_tables} and {args.to_figures}; "
+          "`python -m dlcrepro docs` rewrites the README's findings from them")
+    return 0
+
+
 def cmd_figures(args) -> int:
     import pandas as pd
 
@@ -357,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     tb = sub.add_parser("tables", help="write every paper table (.tex, .md, .csv)")
     tb.add_argument("--steps")
     tb.add_argument("--runs")
-    tb.add_argument("--out", default="paper_tables")
+    tb.add_argument("--out", default="results/paper_tables")
     tb.add_argument("--redraw-tex", metavar="DIR",
                     help="only rewrite DIR's .tex tables from their .csv and .md caption (no numbers change)")
     tb.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the intervals")
@@ -382,10 +403,28 @@ def main(argv: list[str] | None = None) -> int:
     dc.add_argument("--findings", help="the findings table (default: <root>/paper_tables/findings.csv)")
     dc.set_defaults(fn=cmd_docs)
 
+    rp = sub.add_parser("reproduce", help="compare a run's findings input with the committed study's, cell by cell: "
+                        "a markdown report, a figure, and its headline (the workflow's last rule)")
+    rp.add_argument("--run", required=True, help="the run's tables directory (its findings_steps.csv, findings_runs.csv)")
+    rp.add_argument("--committed", default="", help="the committed study's tables directory, whose other_machines/ "
+                    "holds other CPU kinds' inputs (empty: none, said in the report)")
+    rp.add_argument("--out", required=True, help="the markdown report")
+    rp.add_argument("--figure-dir", required=True, help="where reproduce.png and .pdf go")
+    rp.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples of the verdicts (as the tables job)")
+    rp.set_defaults(fn=cmd_reproduce)
+
+    pb = sub.add_parser("publish", help="copy a finished run's tables, findings input and figures over the committed study "
+                        "(the one command that writes paper_tables/ and figures/)")
+    pb.add_argument("--tables", required=True, help="the run's tables directory")
+    pb.add_argument("--figures", required=True, help="the run's figures directory")
+    pb.add_argument("--to-tables", required=True, help="the committed tables directory (config committed_tables_dir)")
+    pb.add_argument("--to-figures", required=True, help="the committed figures directory (config committed_figures_dir)")
+    pb.set_defaults(fn=cmd_publish)
+
     fg = sub.add_parser("figures", help="write every figure (.pdf, .png)")
     fg.add_argument("--steps", required=True)
     fg.add_argument("--runs", required=True)
-    fg.add_argument("--out", default="figures")
+    fg.add_argument("--out", default="results/figures")
     fg.add_argument("--findings", help="the findings table (findings.csv): also draw the summary figure findings.png from it")
     fg.set_defaults(fn=cmd_figures)
 
