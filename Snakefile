@@ -35,6 +35,7 @@ onstart:
 
 onsuccess:
     stop_fork_server(FORK_SERVER[0] if FORK_SERVER else None)
+    say_whether_reproduced()  # the run's last lines: did it reproduce the committed study (rule reproduce)
 
 
 onerror:

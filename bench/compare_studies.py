@@ -15,8 +15,9 @@ has is not a difference; every column BEFORE has is still compared.
 `--findings-input`: the two directories hold a study's findings input (`findings_steps.csv`,
 `findings_runs.csv`: what the tables job writes, and what `paper_tables/other_machines/` keeps of
 another machine's run, whose per-cell files are not committed). The runs found in both (by model,
-sampler, correction, seed) are compared column by column, NaN equal to NaN; a run of one replicate
-against a committed input of two compares the seeds they share.
+sampler, correction, seed) are compared column by column, NaN equal to NaN (dlcrepro/reproduce.py, as
+the workflow's `reproduce` rule at the end of every run); a run of one replicate against a committed
+input of two compares the seeds they share.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's package, as the workflow reads it
+from dlcrepro.reproduce import DIFFERS, ONLY_HERE, cell_differences, read_study  # noqa: E402
 
 # summary keys that say how long, where or from which file, not what was computed
 # (`process`, `startup_seconds`: whether the job ran in a fork server's child and how long it took to start)
@@ -64,24 +68,13 @@ def differences(a: Path, b: Path, added: bool = False) -> list[str]:
     return out
 
 
-RUN_KEY = ["model", "sampler", "correction", "seed"]
-
-
 def findings_input_differences(a: Path, b: Path) -> tuple[int, list[str]]:
-    """The runs both findings inputs hold, and what differs in them: per file, its columns."""
-    out, compared = [], 0
-    for name, key in (("findings_runs.csv", RUN_KEY), ("findings_steps.csv", RUN_KEY + ["step"])):
-        ta, tb = pd.read_csv(a / name), pd.read_csv(b / name)
-        runs = ta[RUN_KEY].drop_duplicates().merge(tb[RUN_KEY].drop_duplicates())
-        ta, tb = (t.merge(runs).sort_values(key).reset_index(drop=True) for t in (ta, tb))
-        if name == "findings_runs.csv":
-            compared = len(runs)
-        if len(ta) != len(tb):
-            out.append(f"{name}: rows {len(ta)} vs {len(tb)} over the shared runs")
-            continue
-        out += [f"{name}: column {c} only in one" for c in sorted(set(ta.columns) ^ set(tb.columns))]
-        out += [f"{name}: column {c}" for c in ta.columns if c in tb.columns and not same_values(ta[c], tb[c])]
-    return compared, out
+    """The runs both findings inputs hold, and what differs in them: per run, its columns
+    (reproduce.cell_differences, what the workflow's `reproduce` rule reports)."""
+    cells = cell_differences(read_study(b), read_study(a))
+    compared = cells[cells["status"] != ONLY_HERE]
+    return len(compared), [f"{c.model}/{c.sampler}/{c.correction}/seed{c.seed}: {c.columns}"
+                           for c in compared.itertuples() if c.status == DIFFERS]
 
 
 def main() -> int:

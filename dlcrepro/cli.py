@@ -200,6 +200,27 @@ def cmd_docs(args) -> int:
     return 0
 
 
+def cmd_reproduce(args) -> int:
+    from .reproduce import write_report
+
+    r = write_report(args.run, args.committed, args.out, args.figure_dir, args.n_boot)
+    print(f"{r.headline}\nreport: {args.out}")
+    return 0
+
+
+def cmd_publish(args) -> int:
+    from .publish import publish
+
+    try:
+        written = publish(args.tables, args.figures, args.to_tables, args.to_figures)
+    except (ValueError, FileNotFoundError) as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(f"published {len(written)} files into {args.to_tables} and {args.to_figures}; "
+          "`python -m dlcrepro docs` rewrites the README's findings from them")
+    return 0
+
+
 def cmd_figures(args) -> int:
     import pandas as pd
 
@@ -248,13 +269,16 @@ def cmd_plan(args) -> int:
 
 def decide_plan_lines(cfg, source: str | None) -> list[str]:
     """The plan's section on `snakemake decide`: at the cap, and expected from a study's findings input
-    (--decide-findings DIR; by default the config's tables_dir where it holds one)."""
+    (--decide-findings DIR; by default the first that holds one of the config's committed study, its
+    tables_dir, and the tiny study's committed tables, paper_tables: the only spreads measured so far)."""
     from .decide import expected_from, plan_lines
     from .outputs import FINDINGS_INPUT
 
-    directory = Path(source or cfg.tables_dir)
-    if source is None and not all((directory / f).exists() for f in FINDINGS_INPUT):
+    candidates = [source] if source else [d for d in (cfg.committed_tables_dir, cfg.tables_dir, "paper_tables") if d]
+    found = [Path(d) for d in candidates if all((Path(d) / f).exists() for f in FINDINGS_INPUT)]
+    if source is None and not found:
         return plan_lines(cfg)
+    directory = found[0] if found else Path(source)
     return plan_lines(cfg, expected_from(directory), f"the verdicts and spreads of {directory}'s findings input, pooled")
 
 
@@ -400,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     tb = sub.add_parser("tables", help="write every paper table (.tex, .md, .csv)")
     tb.add_argument("--steps")
     tb.add_argument("--runs")
-    tb.add_argument("--out", default="paper_tables")
+    tb.add_argument("--out", default="results/paper_tables")
     tb.add_argument("--redraw-tex", metavar="DIR",
                     help="only rewrite DIR's .tex tables from their .csv and .md caption (no numbers change)")
     tb.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the intervals")
@@ -440,10 +464,28 @@ def main(argv: list[str] | None = None) -> int:
     dc.add_argument("--findings", help="the findings table (default: <root>/paper_tables/findings.csv)")
     dc.set_defaults(fn=cmd_docs)
 
+    rp = sub.add_parser("reproduce", help="compare a run's findings input with the committed study's, cell by cell: "
+                        "a markdown report, a figure, and its headline (the workflow's last rule)")
+    rp.add_argument("--run", required=True, help="the run's tables directory (its findings_steps.csv, findings_runs.csv)")
+    rp.add_argument("--committed", default="", help="the committed study's tables directory, whose other_machines/ "
+                    "holds other CPU kinds' inputs (empty: none, said in the report)")
+    rp.add_argument("--out", required=True, help="the markdown report")
+    rp.add_argument("--figure-dir", required=True, help="where reproduce.png and .pdf go")
+    rp.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples of the verdicts (as the tables job)")
+    rp.set_defaults(fn=cmd_reproduce)
+
+    pb = sub.add_parser("publish", help="copy a finished run's tables, findings input and figures over the committed study "
+                        "(the one command that writes paper_tables/ and figures/)")
+    pb.add_argument("--tables", required=True, help="the run's tables directory")
+    pb.add_argument("--figures", required=True, help="the run's figures directory")
+    pb.add_argument("--to-tables", required=True, help="the committed tables directory (config committed_tables_dir)")
+    pb.add_argument("--to-figures", required=True, help="the committed figures directory (config committed_figures_dir)")
+    pb.set_defaults(fn=cmd_publish)
+
     fg = sub.add_parser("figures", help="write every figure (.pdf, .png)")
     fg.add_argument("--steps", required=True)
     fg.add_argument("--runs", required=True)
-    fg.add_argument("--out", default="figures")
+    fg.add_argument("--out", default="results/figures")
     fg.add_argument("--findings", help="the findings table (findings.csv): also draw the summary figure findings.png from it")
     fg.set_defaults(fn=cmd_figures)
 

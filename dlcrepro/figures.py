@@ -937,3 +937,59 @@ def findings(findings: pd.DataFrame) -> Figure:
            f"rules of commit {', '.join(rules)}, computed on {', '.join(machine)}; the numbers, rules and margins: "
            "paper_tables/findings.md, docs/method.md#findings-and-replicates")
     return fig
+
+
+# ----------------------------------------------------------------------------- the run against the committed study
+# Drawn from reproduce.Reproduction (the `reproduce` rule), not from the runs: one mark per cell,
+# and each finding's verdict beside the committed one where they were computed.
+
+REPRODUCTION_COLOURS = {"equal": "#7BC47F", "differs": "#E06666", "not in the committed study": "#D9D9D9"}
+
+
+def reproduction_figure(r) -> Figure:
+    """Left: a mark per cell (a row per sampler/correction, a column per seed), green where every number
+    equals the committed study's, red where one differs, grey where the committed study lacks it. Right,
+    where computed: each finding's verdict in this run and in the committed study, red where they
+    differ. The headline is the title."""
+    cells = r.cells
+    if not len(cells):
+        return _absent("reproduce", textwrap.fill(r.headline, 70), "nothing compared")
+    rows = list(dict.fromkeys(f"{c.model} {c.sampler}/{c.correction}" for c in cells.itertuples()))
+    seeds = sorted(cells["seed"].unique())
+    colour = {(f"{c.model} {c.sampler}/{c.correction}", c.seed): REPRODUCTION_COLOURS[c.status] for c in cells.itertuples()}
+    n_find = 0 if r.verdicts is None else len(r.verdicts)
+    size = (4 + 0.5 * len(seeds) + (6 if n_find else 0), 1.5 + 0.22 * max(len(rows), n_find))
+    fig, axes = plt.subplots(1, 2 if n_find else 1, figsize=size,
+                             squeeze=False, gridspec_kw={"width_ratios": [1, 2.2] if n_find else [1]})
+    ax = axes[0][0]
+    for i, row in enumerate(rows):
+        for j, seed in enumerate(seeds):
+            ax.add_patch(plt.Rectangle((j, i), 0.9, 0.9, color=colour.get((row, seed), "white")))
+    ax.set_xlim(0, len(seeds)), ax.set_ylim(len(rows), 0)
+    ax.set_xticks([j + 0.45 for j in range(len(seeds))], [f"seed {s}" for s in seeds])
+    ax.set_yticks([i + 0.45 for i in range(len(rows))], rows, fontsize=7)
+    ax.grid(False)
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c, label=s) for s, c in REPRODUCTION_COLOURS.items()],
+              loc="upper center", bbox_to_anchor=(0.5, -0.04), fontsize=7, frameon=False)
+    if n_find:
+        vx = axes[0][1]
+        vx.axis("off")
+        text = [[v["finding"], v["verdict"], v["verdict committed"]] for v in r.verdicts.to_dict("records")]
+        t = vx.table(cellText=text, colLabels=["finding", "this run", "committed"], loc="upper center", cellLoc="left",
+                     colWidths=[0.1, 0.45, 0.45])
+        t.auto_set_font_size(False)
+        t.set_fontsize(7)
+        for k, v in enumerate(r.verdicts.to_dict("records"), start=1):
+            if not v["same"]:
+                for col in (1, 2):
+                    t[k, col].set_facecolor(REPRODUCTION_COLOURS["differs"])
+    fig.suptitle(r.headline, fontsize=9, wrap=True)
+    return fig
+
+
+def save_reproduction(r, out: Path) -> Path:
+    """reproduction_figure into `out` as reproduce.{pdf,png}; the png's path."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    _save(reproduction_figure(r), out, outputs.REPRODUCTION.name)
+    return out / f"{outputs.REPRODUCTION.name}.png"

@@ -30,7 +30,7 @@ class Output:
     name: str
     kind: str  # "table" or "figure"
     caption: str
-    reads: str = "runs"  # a figure's input: "runs" (fn(steps, runs)) or "findings" (fn(findings table))
+    reads: str = "runs"  # a figure's input: "runs" (fn(steps, runs)), "findings" (fn(findings table)) or "comparison" (reproduce)
 
     def files(self, directory) -> list[str]:
         """Its files in `directory`, one per format (FORMATS)."""
@@ -183,3 +183,17 @@ FIGURES = (
         reads="findings",
     ),
 )
+
+
+# What the `reproduce` rule writes at the end of every run (dlcrepro/reproduce.py): whether the run
+# reproduced the committed study, cell by cell. Not one of FIGURES (figures.write_all does not draw it):
+# its figure is drawn from the comparison, into the run's figures directory, beside the report.
+REPRODUCTION = figure(
+    "reproduce",
+    "This run against the committed study (docs/workflow.md#did-the-run-reproduce-the-committed-study): a mark per "
+    "cell, green where every number of its findings input equals the committed study's, red where one differs, grey "
+    "where the committed study lacks the cell; beside it, where the cells differ or the CPU kinds do, each finding's "
+    "verdict in this run and in the committed study over the cells both hold. The title is the run's last line.",
+    reads="comparison",
+)
+REPRODUCTION_REPORT = "reproduce.md"  # in the run's tables directory

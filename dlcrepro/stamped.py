@@ -83,8 +83,8 @@ NOT_NUMBERS = {"train": ("ckpt_every",), "model": ("resources", "train")}
 # The config's other keys say where a run is written, watched, run or scheduled, never what it
 # computes: changing one neither restarts a resumed cell nor unfinishes a finished one.
 # tests/test_stamped.py fails on a config key in neither list.
-WORKFLOW_KEYS = ("name", "artifacts", "results_dir", "figures_dir", "tables_dir", "python", "fork_server", "train_env",
-                 "resources", "grid", "tracking")
+WORKFLOW_KEYS = ("name", "artifacts", "results_dir", "figures_dir", "tables_dir", "committed_tables_dir", "committed_figures_dir",
+                 "python", "fork_server", "train_env", "resources", "grid", "tracking")
 
 
 def run_record(meta: dict, cfg: Config) -> dict:

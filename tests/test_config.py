@@ -399,7 +399,8 @@ def test_an_overlay_stands_on_its_own_through_its_base(tmp_path, monkeypatch):
     assert alone == layered and "base" not in alone
     cfg = load(ROOT / "configs" / "zoo.yaml")
     tiny = load(ROOT / "configs" / "tiny.yaml")
-    assert len(cfg.grid.corrections) == 16 and cfg.train == tiny.train and cfg.tables_dir == "paper_tables/zoo"
+    assert len(cfg.grid.corrections) == 16 and cfg.train == tiny.train and cfg.committed_tables_dir == "paper_tables/zoo"
+    assert cfg.tables_dir == "results/zoo/paper_tables" and tiny.tables_dir == ""  # a run writes under results/
     assert load(ROOT / "configs" / "replicate.yaml").grid.seeds == [0, 1, 2, 3, 4, 5]
     # two overlays: merged first, the base laid under them once (as the Snakefile does)
     both = read_layers(["configs/zoo.yaml", "configs/replicate.yaml"])

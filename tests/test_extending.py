@@ -133,6 +133,7 @@ def test_a_figure_added_as_one_function_and_one_entry_in_the_outputs_is_drawn_an
     report = (out / "report.html").read_text()
     assert "steps_logged.png" in report and "The steps each cell logged: a throw-away figure." in report
     assert "ess.png" in report  # beside the study's own
+    assert "reproduce.png" in report  # and the run against the committed study, which the run's last lines point to
 
 
 THROWAWAY_METRICS = '''

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import ROOT
 
-# what ruff reads: the Snakefile and workflow/rules/*.smk are Snakemake, which `snakemake --lint` checks
+# what ruff reads: the Snakefile and workflow/rules/*.smk are Snakemake, which `snakemake --lint` and `snakefmt --check` check
 LINTED = ["dlcrepro", "tests", "bench", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "scripts").glob("*.py"))]
 
 

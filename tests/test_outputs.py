@@ -78,4 +78,5 @@ def test_the_workflow_writes_and_reports_every_listed_output(tmp_path):
                        + outputs.findings_input_files(out["tables_dir"]),
                        "figures": [f for o in outputs.FIGURES for f in o.files(out["figures_dir"])]}
     captions = {f.name: f.read_text() for f in (out["results_dir"] / "_report").iterdir()}
-    assert captions == {f"{o.name}.{o.kind}.rst": o.caption + "\n" for o in outputs.TABLES + outputs.FIGURES}
+    listed = outputs.TABLES + outputs.FIGURES + (outputs.REPRODUCTION,)
+    assert captions == {f"{o.name}.{o.kind}.rst": o.caption + "\n" for o in listed}

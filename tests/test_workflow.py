@@ -44,6 +44,51 @@ def test_lint_is_clean():
     assert p.returncode == 0 and "Congratulations" in p.stdout + p.stderr, p.stdout + p.stderr
 
 
+def pinned_snakefmt() -> str:
+    """The snakefmt version the workflow extra pins (`snakefmt==X`), which scripts/setup.sh installs."""
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["workflow"]
+    return next(r.split("==")[1] for r in extra if r.startswith("snakefmt=="))
+
+
+def test_snakefmt_leaves_the_snakefile_and_the_rules_unchanged():
+    """`snakefmt --check` (pyproject.toml's [tool.snakefmt]: 130 columns) over the Snakefile and
+    workflow/: the rules in the catalog's one format, as `snakemake --lint` checks what they say."""
+    p = subprocess.run([sys.executable, "-m", "snakefmt", "--version"], capture_output=True, text=True)
+    assert p.returncode == 0, f"snakefmt is not installed: pip install -e '.[workflow]' ({p.stderr.strip()})"
+    assert p.stdout.split()[-1] == pinned_snakefmt(), f"{p.stdout.strip()}, but pyproject.toml pins snakefmt=={pinned_snakefmt()}"
+    p = subprocess.run([sys.executable, "-m", "snakefmt", "--check", "--diff", "Snakefile", "workflow"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    said = f"snakefmt --check Snakefile workflow (`snakefmt Snakefile workflow` formats them):\n{p.stdout}{p.stderr}"
+    assert p.returncode == 0, said
+
+
+def tracked_files() -> set[str]:
+    p = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True)
+    return set(p.stdout.split("\0")) - {""}
+
+
+def committed_study_changes() -> str:
+    """`git status` of the committed study's folders (paper_tables/, figures/), what a run must leave as
+    it found it; not of the whole checkout, where a file edited while the tests run is no run's doing."""
+    return subprocess.run(["git", "status", "--porcelain", "--", "paper_tables", "figures"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+@pytest.mark.snakemake
+def test_no_configs_run_writes_a_tracked_file(config, tmp_path):
+    """Every file each config's default target writes (`snakemake --summary`: outputs and logs), none of
+    them tracked: a run writes under its own directories, and only `snakemake publish` (no output of
+    its own) writes the committed study."""
+    hub = fake_hf_cache(tmp_path / "hub")  # the paper's weights and data, which the plan checks for
+    p = snakemake("--summary", "--configfile", f"configs/{config}", env={**os.environ, "HF_HUB_CACHE": str(hub)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [line.split("\t") for line in p.stdout.splitlines()[1:] if "\t" in line]
+    written = {r[0] for r in rows} | {f for r in rows for f in r[3].split(",") if f != "-"}
+    assert any(f.endswith(outputs.REPRODUCTION_REPORT) for f in written), sorted(written)[:5]
+    assert not written & tracked_files(), sorted(written & tracked_files())
+
+
 @pytest.mark.snakemake
 def test_paper_grid_is_168_training_jobs(tmp_path):
     hub = fake_hf_cache(tmp_path / "hub")  # the weights and data the plan checks for before the DAG
@@ -206,11 +251,54 @@ def check_the_projection_error(results: Path, calibrated: dict) -> None:
     assert all(f"train/{c.name}" in p.stdout for c in trained) and "dlcrepro plan, calibrated: smoke" in p.stdout, p.stdout
 
 
+def check_the_run_says_whether_it_reproduced(said: str, out: dict, cfg: list[str], tmp_path: Path) -> None:
+    """The run's last lines and its report (rule reproduce): the smoke config names no committed study,
+    and says so. Then `snakemake publish` makes this run a committed study of its own (in tmp_path), and
+    the comparison reruns with it: every cell equal; and with one number of it changed, that cell alone
+    differs, named with its column."""
+    tail = said.split("steps (100%) done")[-1]
+    report = out["tables_dir"] / outputs.REPRODUCTION_REPORT
+    assert "not compared: this config names no committed study (config key `committed_tables_dir` is empty)" in tail, tail
+    assert str(report) in tail and "snakemake --report report.html" in tail, tail
+    assert (out["figures_dir"] / "reproduce.png").stat().st_size > 5_000
+
+    committed = {"committed_tables_dir": tmp_path / "committed" / "tables",
+                 "committed_figures_dir": tmp_path / "committed" / "figures"}
+    with_committed = cfg + [f"{k}={v}" for k, v in committed.items()]
+    p = snakemake("--cores", "1", "--configfile", "configs/smoke.yaml", "--config", *with_committed, "--", "publish")
+    assert p.returncode == 0 and "published" in p.stdout + p.stderr, (p.stdout + p.stderr)[-3000:]
+    for name in ("findings.csv", "findings_steps.csv", "findings_runs.csv"):
+        assert (committed["committed_tables_dir"] / name).read_bytes() == (out["tables_dir"] / name).read_bytes()
+    figure = "findings.png"
+    assert (committed["committed_figures_dir"] / figure).read_bytes() == (out["figures_dir"] / figure).read_bytes()
+    assert not (committed["committed_tables_dir"] / outputs.REPRODUCTION_REPORT).exists()  # the report is the run's own
+
+    p = snakemake("--cores", "1", "--configfile", "configs/smoke.yaml", "--config", *with_committed)
+    assert p.returncode == 0, p.stderr[-3000:]
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
+    assert jobs == {"reproduce": "1", "all": "1", "total": "2"}, jobs  # nothing retrained
+    assert "28 cells, every number equal to the committed study" in p.stderr.split("steps (100%) done")[-1], p.stderr[-3000:]
+    assert report.read_text().count("| equal |") == 28
+
+    steps = pd.read_csv(committed["committed_tables_dir"] / "findings_steps.csv")
+    row = steps.index[(steps["sampler"] == "stale") & (steps["correction"] == "center") & (steps["step"] == 3)][0]
+    steps.loc[row, "dev"] += 0.25
+    steps.to_csv(committed["committed_tables_dir"] / "findings_steps.csv", index=False)
+    p = snakemake("--cores", "1", "--configfile", "configs/smoke.yaml", "--config", *with_committed)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "28 cells, 1 of them differs from the committed study (both on " in p.stderr, p.stderr[-3000:]
+    text = report.read_text()
+    assert "| tiny | stale | center | 0 | differs | findings_steps.csv: dev | 0.25 |" in text, text
+    assert text.count("| equal |") == 27 and "## Verdicts" in text
+
+
 @pytest.mark.slow
 def test_smoke_pilot_calibration_then_the_pipeline_end_to_end_then_one_cell_reruns_alone(tmp_path):
-    out = {"results_dir": tmp_path / "results", "figures_dir": tmp_path / "figures",
-           "tables_dir": tmp_path / "tables", "artifacts": tmp_path / "artifacts"}
-    cfg = [f"{k}={v}" for k, v in out.items()]
+    before = committed_study_changes()
+    where = {"results_dir": tmp_path / "results", "artifacts": tmp_path / "artifacts"}
+    cfg = [f"{k}={v}" for k, v in where.items()]
+    # the tables and figures where a run writes them unless told: under its results_dir, never a tracked file
+    out = {**where, "tables_dir": where["results_dir"] / "paper_tables", "figures_dir": where["results_dir"] / "figures"}
     # the pilot first, as on a cluster (docs/cluster.md): the warm start, θ_0's evaluation, the
     # lagged samplers' rollouts (jobs the grid then reuses) and one 2-step cell per cost class
     p = snakemake("--cores", "2", "--configfile", "configs/smoke.yaml", "--config", *cfg, "--", "pilot")
@@ -223,6 +311,7 @@ def test_smoke_pilot_calibration_then_the_pipeline_end_to_end_then_one_cell_reru
     assert p.returncode == 0, p.stderr[-4000:]
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
     assert "warmstart" not in jobs and "initial_eval" not in jobs and "rollouts" not in jobs, jobs  # the pilot's
+    check_the_run_says_whether_it_reproduced(p.stderr, out, cfg, tmp_path)
     check_the_projection_error(out["results_dir"], calibrated)
     for t in outputs.TABLES:
         for f in t.files(out["tables_dir"]):
@@ -262,7 +351,8 @@ def test_smoke_pilot_calibration_then_the_pipeline_end_to_end_then_one_cell_reru
     shutil.rmtree(out["results_dir"] / "tiny" / "stale" / "dlc" / "seed0")
     p = snakemake("-n", "--configfile", "configs/smoke.yaml", "--config", *cfg, "--quiet", "rules")
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
-    assert jobs == {"train": "1", "collect": "1", "tables": "1", "figures": "1", "all": "1", "total": "5"}, p.stdout
+    assert jobs == {"train": "1", "collect": "1", "tables": "1", "figures": "1", "reproduce": "1", "all": "1",
+                    "total": "6"}, p.stdout
 
     # a new learning rate reruns every cell, but not the warm start it does not depend on
     cfg_file = yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text())
@@ -279,6 +369,7 @@ def test_smoke_pilot_calibration_then_the_pipeline_end_to_end_then_one_cell_reru
     p = snakemake("-n", "--configfile", str(tmp_path / "lr.yaml"), "--quiet", "rules")
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
     assert jobs.get("train") == "28" and "warmstart" not in jobs, p.stdout + p.stderr
+    assert committed_study_changes() == before, "the run changed the committed study"
 
 
 @pytest.mark.snakemake

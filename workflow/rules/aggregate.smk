@@ -1,5 +1,6 @@
 # Cheap local rules: per-step tables of all cells -> aggregates -> tables and figures (each one
-# dlcrepro/outputs.py lists, with its report caption).
+# dlcrepro/outputs.py lists, with its report caption) -> whether they reproduce the committed study.
+# `publish` (never in the default target) copies a finished run over the committed study.
 # Rerun one alone with e.g. `snakemake --forcerun figures figures/ess.png`.
 
 
@@ -7,6 +8,8 @@ localrules:
     collect,
     tables,
     figures,
+    reproduce,
+    publish,
 
 
 rule collect:
@@ -66,3 +69,43 @@ rule figures:
     shell:
         "{params.python} -m dlcrepro figures --steps {input.steps} --runs {input.runs} --findings {input.findings} "
         "--out {params.out} > {log} 2>&1"
+
+
+rule reproduce:
+    input:
+        run=outputs.findings_input_files(TABLES),
+        committed=committed_findings_input(),
+    output:
+        report=reproduction_report(),
+        figure=reported_files([outputs.REPRODUCTION], FIGURES),
+    log:
+        f"{LOGS}/reproduce.log",
+    conda:
+        ANALYSIS_ENV
+    params:
+        python=PYTHON,
+        run=input_parent,
+        committed=committed_arg,
+        figures=output_parent,
+    shell:
+        "{params.python} -m dlcrepro reproduce --run {params.run} --committed {params.committed} --out {output.report} "
+        "--figure-dir {params.figures} > {log} 2>&1"
+
+
+# `snakemake --cores 1 publish`: this run's tables, findings input and figures over the committed
+# study's (config committed_tables_dir, committed_figures_dir). No output: it runs each time it is named.
+rule publish:
+    input:
+        table_files(),
+        figure_files(),
+    log:
+        f"{LOGS}/publish.log",
+    conda:
+        ANALYSIS_ENV
+    params:
+        python=PYTHON,
+        tables=input_parent,
+        figures=last_input_parent,
+        to=publish_args,
+    shell:
+        "{params.python} -m dlcrepro publish --tables {params.tables} --figures {params.figures} " "{params.to} 2>&1 | tee {log}"

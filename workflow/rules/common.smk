@@ -33,8 +33,13 @@ validate(config, schema="../schemas/config.schema.yaml")
 CFG = build_config(config)
 
 RESULTS = config.get("results_dir", "results")
-FIGURES = config.get("figures_dir", "figures")
-TABLES = config.get("tables_dir", "paper_tables")
+# This run's tables and figures: under RESULTS unless the config says where, never the committed
+# study's (a run changes no tracked file). The committed study this config reproduces, compared with
+# at the end (by `reproduce`) and overwritten only by `snakemake publish`; "" where it has none.
+FIGURES = config.get("figures_dir") or f"{RESULTS}/figures"
+TABLES = config.get("tables_dir") or f"{RESULTS}/paper_tables"
+COMMITTED_TABLES = config.get("committed_tables_dir", "")
+COMMITTED_FIGURES = config.get("committed_figures_dir", "")
 ARTIFACTS = config.get("artifacts", "artifacts")
 AGG = f"{RESULTS}/_aggregate"
 LOGS = f"{RESULTS}/_logs"
@@ -44,9 +49,7 @@ HF_CACHE = hf_hub_cache().resolve()  # where hf models and parquet data are foun
 # config `tracking`: training jobs find the study's section, its directories resolved under
 # RESULTS, in their environment (as they find the fork server), not in their config file, a rule
 # param or shell text, whose changes would rerun every cell (dlcrepro/tracking.py, config.tracking_for_jobs).
-_TRACKING = tracking_for_jobs(
-    config.get("tracking"), RESULTS, config.get("name", "tiny")
-)
+_TRACKING = tracking_for_jobs(config.get("tracking"), RESULTS, config.get("name", "tiny"))
 if _TRACKING:
     os.environ[tracking.ENV] = _TRACKING
 else:
@@ -72,10 +75,7 @@ ANALYSIS_ENV = "../../envs/analysis.yaml"
 
 def grid_cells():
     """The grid as a list of dicts, exclusions removed (the grid is data, not code: dlcrepro/cluster/cells.py)."""
-    return [
-        dict(model=c.model, sampler=c.sampler, correction=c.correction, seed=c.seed)
-        for c in cluster.grid_cells(CFG)
-    ]
+    return [dict(model=c.model, sampler=c.sampler, correction=c.correction, seed=c.seed) for c in cluster.grid_cells(CFG)]
 
 
 CELLS = grid_cells()
@@ -93,9 +93,7 @@ def same_cell(wildcards):
     cell waits for that one and copies its metrics instead of training; a cell it would equal but
     that the grid leaves out is no help, and the cell trains."""
     w = wildcards
-    same = cluster.copy_source(
-        CFG, w.model, w.sampler, w.correction, int(w.seed), WIDE_KEYS
-    )
+    same = cluster.copy_source(CFG, w.model, w.sampler, w.correction, int(w.seed), WIDE_KEYS)
     return (w.model, w.sampler, same, int(w.seed)) if same else None
 
 
@@ -172,6 +170,16 @@ def cell_dir(model, sampler, correction, seed):
 def output_parent(wildcards, output):
     """The directory of a rule's last output (a cell's dir, the tables' or figures' dir)."""
     return str(Path(output[-1]).parent)
+
+
+def input_parent(wildcards, input):
+    """The directory of a rule's first input (the run's tables for `reproduce` and `publish`)."""
+    return str(Path(input[0]).parent)
+
+
+def last_input_parent(wildcards, input):
+    """The directory of a rule's last input (the run's figures for `publish`)."""
+    return str(Path(input[-1]).parent)
 
 
 def cell_outputs(name):
@@ -278,8 +286,9 @@ def job_resource(job, name):
 
     def get(wildcards, attempt=1):
         kind = "copy" if job == "train" and same_cell(wildcards) is not None else job
-        r = cluster.job_resources(CFG, wildcards.model, kind, getattr(wildcards, "sampler", None), CALIBRATION,
-                                  job_name(job, wildcards), attempt)
+        r = cluster.job_resources(
+            CFG, wildcards.model, kind, getattr(wildcards, "sampler", None), CALIBRATION, job_name(job, wildcards), attempt
+        )
         return cluster.gres(r) if name == "gres" else r[name]
 
     return get
@@ -356,11 +365,16 @@ def reported_files(items, directory):
     ]
 
 
+def reproduction_report():
+    """The `reproduce` rule's report: this run against the committed study (dlcrepro/reproduce.py)."""
+    return f"{TABLES}/{outputs.REPRODUCTION_REPORT}"
+
+
 def all_outputs():
-    """Every table and figure, and every cell's summary: a deleted cell is then a missing target,
-    so rerunning schedules it (and through collect the tables and figures), although the tables
-    are still on disk."""
-    return table_files() + figure_files() + cell_outputs("summary.json")
+    """Every table and figure, every cell's summary, and the comparison with the committed study: a
+    deleted cell is then a missing target, so rerunning schedules it (and through collect the tables
+    and figures), although the tables are still on disk."""
+    return table_files() + figure_files() + cell_outputs("summary.json") + [reproduction_report()]
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -499,10 +513,48 @@ def stopped_message():
 
 
 def other_machine_findings():
-    """What other kinds of CPU gave for this grid, committed under <tables_dir>/other_machines/
+    """What other kinds of CPU gave for this grid, committed under <committed_tables_dir>/other_machines/
     (outputs.other_machine_files: findings tables, or a study's findings input; docs/method.md#across-machines):
     the tables job reads their verdicts, so a finding seen on one kind only reads "seen on one machine"."""
-    return outputs.other_machine_files(TABLES)
+    return outputs.other_machine_files(COMMITTED_TABLES) if COMMITTED_TABLES else []
+
+
+# ----------------------------------------------------------------------------- did the run reproduce the committed study?
+
+
+def committed_findings_input():
+    """The committed findings inputs that `reproduce` compares this run with -- the committed
+    study's own and each other CPU kind's (dlcrepro/reproduce.py picks the one of this CPU's kind)."""
+    if not COMMITTED_TABLES:
+        return []
+    own = outputs.findings_input_files(COMMITTED_TABLES)
+    others = [f for f in outputs.other_machine_files(COMMITTED_TABLES) if Path(f).name in outputs.FINDINGS_INPUT]
+    return [f for f in own if Path(f).exists()] + others
+
+
+def committed_arg(wildcards):
+    """`reproduce`'s --committed: the committed study's tables ("": none, which the report says)."""
+    return shlex.quote(COMMITTED_TABLES)
+
+
+def publish_args(wildcards):
+    """`publish`'s destinations: the committed study's tables and figures ("": none, refused by name)."""
+    return f"--to-tables {shlex.quote(COMMITTED_TABLES)} --to-figures {shlex.quote(COMMITTED_FIGURES)}"
+
+
+def say_whether_reproduced():
+    """At the end of a run whose targets include the comparison: the report's summary (its lines
+    before the figure), where the report and figure are, and the command of Snakemake's own report."""
+    if not any(j.rule.name == "reproduce" for j in workflow.dag.jobs):
+        return
+    report_md = Path(reproduction_report())
+    if not report_md.exists():
+        return
+    summary = report_md.read_text().split("\n![")[0].splitlines()[1:]  # its headline and where each side ran
+    png = next(f for f in outputs.REPRODUCTION.files(FIGURES) if f.endswith(".png"))
+    lines = [line.replace("**", "") for line in summary if line]
+    lines += [f"Cell by cell: {report_md} and {png}.", "Every figure and table with its caption: snakemake --report report.html"]
+    say("\n".join(lines))
 
 
 def other_machine_args(files):

@@ -38,9 +38,7 @@ rule scaling_scan:
         model_dir=model_dir_arg,
         out=output_parent,
         # the grid's corrections the scan measures (cluster.scan_corrections)
-        corrections=lambda wildcards: " ".join(
-            cluster.scan_corrections(CFG, wildcards.model, wildcards.sampler)
-        ),
+        corrections=lambda wildcards: " ".join(cluster.scan_corrections(CFG, wildcards.model, wildcards.sampler)),
         prompts=" ".join(map(str, SCALING_PROMPTS)),
         reps=SCALING_REPS,
     shell:
