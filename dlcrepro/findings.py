@@ -633,11 +633,12 @@ def _label(seeds: list[int]) -> str:
 
 
 def _headline(res: Result) -> str:
-    """A group's display: its mark and headline number with its interval ("? 1.11 [0.18, 2.05]")."""
+    """A group's display: its mark and headline number ("? 1.11"); its interval is in the table's
+    `<group> low` and `<group> high` columns (over a few seeds at the design's level it spans decades
+    and says less than the mark)."""
     if res.verdict == CANNOT_TELL or res.value != res.value:
         return f"{MARK[res.verdict]} {res.text if res.verdict == CANNOT_TELL else 'n/a'}"
-    tail = "" if res.low != res.low else f" [{number(res.low)}, {number(res.high)}]"
-    return f"{MARK[res.verdict]} {number(res.value)}{tail}"
+    return f"{MARK[res.verdict]} {number(res.value)}"
 
 
 NUMBERS = ("value", "low", "high")  # each group's numeric columns: `<label> value`, ...
@@ -763,7 +764,7 @@ def cpu_kind(cpuinfo: str | None = None) -> str:
 
 def across_machines(table: pd.DataFrame, others: list[pd.DataFrame]) -> pd.DataFrame:
     """The findings table with what other CPU kinds gave beside it, in `other machines`
-    ("x86-64 AVX-512 + AMX: seen, 6 seeds (rules 4e6774791f)"); this machine's verdict is never
+    ("x86-64 AVX-512 + AMX: seen, 6 seeds (same rules)"); this machine's verdict is never
     relabelled. A finding is compared where the other table was made under the same rules commit or
     states the same rule, word for word (another machine's findings input is recomputed under the
     current rules: tables.other_machine_findings); a different rule is named, not compared.
@@ -788,6 +789,7 @@ def across_machines(table: pd.DataFrame, others: list[pd.DataFrame]) -> pd.DataF
                 continue
             n = theirs.at[key, "seeds"] if "seeds" in theirs else math.nan
             seeds = f", {int(n)} seeds" if n == n else ""
-            notes[i].append(f"{machine}: {theirs.at[key, 'verdict']}{seeds} (rules {rules})")
+            said = "same rules" if rules == str(out.at[i, "rules"]) else f"rules {rules}, the same rule"
+            notes[i].append(f"{machine}: {theirs.at[key, 'verdict']}{seeds} ({said})")
     out["other machines"] = ["; ".join(notes[i]) or "none compared" for i in out.index]
     return out

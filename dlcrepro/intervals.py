@@ -167,12 +167,12 @@ class Projection:
     basis: str = ""  # where the projection is not the power calculation: how it was made
 
     def text(self) -> str:
-        """"18 towards seen (7–160 over the spread's 95 % interval)"."""
+        """"18 towards seen (7 to 160 over the spread's 95 % interval)"."""
         def n(x):
             return f"> {MOST_SEEDS:,}" if x is None else f"{x:,}"
         if self.basis:
             return f"{n(self.seeds)} towards {self.towards} ({self.basis})"
-        return f"{n(self.seeds)} towards {self.towards} ({n(self.fewest)}–{n(self.most)} over the spread's 95 % interval)"
+        return f"{n(self.seeds)} towards {self.towards} ({n(self.fewest)} to {n(self.most)} over the spread's 95 % interval)"
 
 
 def seeds_for_power(distance: float, sd: float, level: float = LEVEL, power: float = POWER) -> int | None:

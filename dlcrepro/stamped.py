@@ -84,7 +84,7 @@ NOT_NUMBERS = {"train": ("ckpt_every",), "model": ("resources", "train")}
 # computes: changing one neither restarts a resumed cell nor unfinishes a finished one.
 # tests/test_stamped.py fails on a config key in neither list.
 WORKFLOW_KEYS = ("name", "artifacts", "results_dir", "figures_dir", "tables_dir", "committed_tables_dir", "committed_figures_dir",
-                 "python", "fork_server", "train_env", "resources", "grid", "tracking")
+                 "python", "fork_server", "train_env", "resources", "grid", "tracking", "decide")
 
 
 def run_record(meta: dict, cfg: Config) -> dict:

@@ -355,7 +355,7 @@ def redraw_tex(directory: Path) -> list[Path]:
             raise DamagedFileError(f"{md} shows {len(shown_rows)} rows of {header}, {csv} has {len(df)} of {list(df.columns)}: "
                                    f"not one table; write both again with `python -m dlcrepro tables`")
         df = df.mask(df == "", pd.DataFrame(shown_rows, index=df.index, columns=df.columns))
-        atomic_write_text(tex, to_tex(df, caption))
+        atomic_write_text(tex, to_tex(tex_shown(df, csv.stem), caption))
         done.append(tex)
     return done
 
@@ -379,11 +379,20 @@ def _as_written(text: str) -> str:
         return text
 
 
+# Columns the .tex leaves out where the page cannot hold them beside the rest (the .md and .csv keep
+# them): the findings' rule in words, which docs/method.md lists finding by finding.
+TEX_LEAVES_OUT = {"findings": ("rule",)}
+
+
+def tex_shown(df: pd.DataFrame, name: str) -> pd.DataFrame:
+    return df.drop(columns=[c for c in TEX_LEAVES_OUT.get(name, ()) if c in df])
+
+
 def write_table(df: pd.DataFrame, out: Path, name: str, caption: str) -> None:
     shown = df.drop(columns=csv_only(df))
     atomic_write_text(out / f"{name}.csv", df.to_csv(index=False))
     atomic_write_text(out / f"{name}.md", to_md(shown, caption))
-    atomic_write_text(out / f"{name}.tex", to_tex(shown, caption))
+    atomic_write_text(out / f"{name}.tex", to_tex(tex_shown(shown, name), caption))
 
 
 # What counts as a divergence, said in every caption where a diverged run can appear.

@@ -199,13 +199,13 @@ def test_another_machines_verdict_stands_beside_this_ones_never_over_it():
     out = F.across_machines(here, [there]).set_index("finding")
     assert out["verdict"].tolist() == here["verdict"].tolist()  # this machine's verdicts, as they were
     assert out.loc["F1", "verdict"] == "contradicted"
-    assert out.loc["F1", "other machines"] == "x86-64 AVX-512: seen, 6 seeds (rules abc1234)"
+    assert out.loc["F1", "other machines"] == "x86-64 AVX-512: seen, 6 seeds (same rules)"
     # a table made under other rules is compared where it states the same rule, word for word, else
     # named, never compared; an older table's `seen` column is read as its verdict
     old = findings_of("x86-64 AVX-512", {"F1": "seen", "F2": "seen"}, rules="0000000", column="seen").drop(columns="seeds")
     old["rule"] = ["every run ...", "older rule"]
     stale_rules = F.across_machines(here.assign(rule=["r", "every run ...", "f8", "newer rule"]), [old]).set_index("finding")
-    assert stale_rules.loc["F1", "other machines"] == "x86-64 AVX-512: seen (rules 0000000)"
+    assert stale_rules.loc["F1", "other machines"] == "x86-64 AVX-512: seen (rules 0000000, the same rule)"
     assert stale_rules.loc["F2", "other machines"] == "x86-64 AVX-512: other rules (0000000), not compared"
     # no other machine: this machine's verdicts, said so
     alone = F.across_machines(here, [])
