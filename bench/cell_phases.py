@@ -46,13 +46,13 @@ def main() -> None:
     torch = timed("import torch", __import__, "torch")
     torch.set_num_threads(args.threads)
     timed("import vllm", __import__, "vllm")
-    from dlcrepro import config as config_mod
+    from dlcrepro.core import config as config_mod
     from dlcrepro import data
-    from dlcrepro.paths import model_dir
+    from dlcrepro.core.paths import model_dir
     from dlcrepro.engine import VLLMEngine
     from dlcrepro.model import load_model, load_tokenizer
     from dlcrepro.celldir import run_cell
-    from dlcrepro.phases import PHASES
+    from dlcrepro.core.phases import PHASES
 
     cfg = config_mod.load(args.config, {"train.steps": args.steps})
     mdir = model_dir(cfg, args.model)

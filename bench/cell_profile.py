@@ -117,8 +117,8 @@ def main() -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from dlcrepro import config as config_mod
-    from dlcrepro.paths import model_dir
+    from dlcrepro.core import config as config_mod
+    from dlcrepro.core.paths import model_dir
     from dlcrepro.celldir import run_cell
     from dlcrepro.train import PHASES
 

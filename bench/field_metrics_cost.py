@@ -26,7 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dlcrepro.config import load  # noqa: E402
+from dlcrepro.core.config import load  # noqa: E402
 from dlcrepro.diagnostics import mismatch_metrics, mismatch_parts  # noqa: E402
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from dlcrepro.config import EngineConfig, load
+from dlcrepro.core.config import EngineConfig, load
 from dlcrepro.engine import VLLMEngine, WeightLoadError
 from dlcrepro.model import build_tiny_model, load_model
 

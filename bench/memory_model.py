@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dlcrepro import gpu_check  # noqa: E402
-from dlcrepro.arch import QWEN3_ARCH  # noqa: E402
+from dlcrepro.core.arch import QWEN3_ARCH  # noqa: E402
 from dlcrepro.rehearsal import REHEARSAL_ARCH  # noqa: E402
 
 ARCHS = {"rehearsal": REHEARSAL_ARCH, **QWEN3_ARCH}
@@ -115,7 +115,7 @@ def learner(model, correction: str, dtype: str, rows: int):
     """The run's Learner around `model` (θ_s and θ_0 its copies), its micro-batch `rows` sequences and
     no token bound: one micro-batch per call."""
     from dlcrepro import learner as lrn
-    from dlcrepro.config import TrainConfig
+    from dlcrepro.core.config import TrainConfig
 
     tcfg = TrainConfig(micro_batch=rows, micro_batch_tokens=0, lr=0.02)
     if not isinstance(next(model.parameters()), FakeTensor):
@@ -402,7 +402,7 @@ def paper_step(arch: str, layers: int = 28, correction: str = "dlc", micro_batch
     torch.cuda.max_memory_allocated reported on the H200."""
     import dataclasses
 
-    from dlcrepro.config import load
+    from dlcrepro.core.config import load
 
     cfg = load(ROOT / "configs" / "paper.yaml")
     name = arch if arch in cfg.models else "qwen3-0.6b"
@@ -442,7 +442,7 @@ def step(_args) -> None:
     4 micro-batches of 8 × 150 tokens), its counted peak against what cluster.peak_memory composes:
     the flat gradients alive while the correction's micro-batches run (g_on, g_on′ and the running
     sum: 12P) + one micro-batch's measured peak. The θ copies exist before the count."""
-    from dlcrepro.config import TrainConfig
+    from dlcrepro.core.config import TrainConfig
     from dlcrepro.learner import Learner
 
     arch = ARCHS["rehearsal"]

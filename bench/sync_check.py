@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from dlcrepro.config import load
+from dlcrepro.core.config import load
 from dlcrepro.model import make_token_batch
 from dlcrepro.train import Cell, PhaseTimer, Trainer
 

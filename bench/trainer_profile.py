@@ -20,7 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from dlcrepro import gpu_check
-from dlcrepro.config import load
+from dlcrepro.core.config import load
 from dlcrepro.model import build_tiny_model
 from dlcrepro.learner import Learner
 

@@ -15,7 +15,7 @@ import sys
 from fractions import Fraction
 
 from dlcrepro import countdown, data
-from dlcrepro.config import load
+from dlcrepro.core.config import load
 from dlcrepro.engine import VLLMEngine
 from dlcrepro.model import load_tokenizer
 

@@ -22,7 +22,7 @@ def _overrides(pairs: list[str]) -> dict:
 
 
 def _load(args):
-    from .config import load
+    from .core.config import load
 
     return load(args.config, _overrides(args.set))
 
@@ -48,8 +48,8 @@ def cmd_train(args) -> int:
     status = _via_server(args)
     if status is not None:
         return status
-    from .config import load
-    from .tracking import from_env
+    from .core.config import load
+    from .core.tracking import from_env
     from .celldir import run_cell
 
     # the workflow hands its jobs the study's tracking section in the environment: no part of the
@@ -118,7 +118,7 @@ def cmd_sample(args) -> int:
 
 def cmd_collect(args) -> int:
     from .analysis import collect
-    from .util import atomic_save
+    from .core.util import atomic_save
 
     steps, runs = collect(args.summaries, rerun=os.environ.get("DLCREPRO_RERUN_COMMAND"))
     atomic_save(Path(args.out_steps), lambda tmp: steps.to_parquet(tmp, index=False))
@@ -166,7 +166,7 @@ def cmd_look(args) -> int:
     import pandas as pd
 
     from .decide import Design, findings_of_look, next_look, pooled_verdicts
-    from .util import atomic_write_text
+    from .core.util import atomic_write_text
 
     design = json.loads(Path(args.design).read_text())
     previous = json.loads(Path(args.previous).read_text()) if args.previous else None
@@ -184,7 +184,7 @@ def cmd_look(args) -> int:
 
 def cmd_decide_summary(args) -> int:
     from .decide import summary_markdown
-    from .util import atomic_write_text
+    from .core.util import atomic_write_text
 
     looks = sorted((json.loads(Path(p).read_text()) for p in args.looks), key=lambda x: x["look"])
     atomic_write_text(Path(args.out), summary_markdown(looks))
@@ -288,7 +288,7 @@ def calibrate_plan(cfg, results: Path, earlier: str | None) -> None:
     projections were from the jobs that have run since."""
     from .cluster import (calibration, calibration_path, calibration_text, measurements, project, projection_error_totals,
                           projection_errors)
-    from .util import atomic_write_text
+    from .core.util import atomic_write_text
 
     if not results.is_dir():
         raise SystemExit(f"plan --calibrate {results}: no such directory (the results_dir of a run: the pilot's or the grid's)")
@@ -324,7 +324,7 @@ def calibrate_plan(cfg, results: Path, earlier: str | None) -> None:
 
 def cmd_rehearsal(args) -> int:
     from .rehearsal import build
-    from .util import atomic_write_text
+    from .core.util import atomic_write_text
 
     summary = build(Path(args.cache) if args.cache else None, warmstart_steps=args.warmstart_steps)
     text = json.dumps(summary, indent=1)
@@ -529,9 +529,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.argv = argv
     from .checkpoint import BadCheckpoint
-    from .config import ConfigError
-    from .registry import UnknownNameError
-    from .util import DamagedFileError, DiskFullError, NonFiniteError, disk_full
+    from .core.config import ConfigError
+    from .core.registry import UnknownNameError
+    from .core.util import DamagedFileError, DiskFullError, NonFiniteError, disk_full
 
     # a user's mistake (a config value, an unknown name, a missing file) or a condition of the data or
     # the disk ends in one line; anything else is a bug and keeps its traceback

@@ -20,8 +20,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .config import Config, ConfigError
-from .registry import CORRECTION_INFO, resync_corrections
+from .core.config import Config, ConfigError
+from .core.registry import CORRECTION_INFO, resync_corrections
 from .sequential import Design
 
 MAX_LOOKS = 7  # Snakemake re-evaluates the DAG after each checkpoint: a handful of looks, not dozens
@@ -105,7 +105,7 @@ def design_file(cfg: Config) -> dict:
     GPU-minutes of each job a batch can add (None where a model is not in it). Written by the
     workflow as <results_dir>/_decide/design.json."""
     from .cluster import (copy_source, estimated_minutes, grid_cells, initial_eval_minutes, job_resources, rollouts_minutes)
-    from .grid import get_sampler
+    from .core.grid import get_sampler
 
     d = design_of(cfg)
     wide = widened(cfg)

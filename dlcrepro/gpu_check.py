@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from .arch import QWEN3_ARCH
+from .core.arch import QWEN3_ARCH
 
 # Linear widths that are multiples of 128 so that vLLM's block-FP8 path takes the model (the
 # smoke/tiny model's k/v projections are 64 wide).
@@ -155,7 +155,7 @@ def check_trainer(dev: torch.device) -> str:
     _need("transformers")
     import dataclasses
 
-    from .config import TrainConfig
+    from .core.config import TrainConfig
     from .model import build_tiny_model, response_logits, token_logprobs
     from .learner import Learner, Scored
 
@@ -183,7 +183,7 @@ def check_trainer(dev: torch.device) -> str:
 
 
 def _engine_cfg():
-    from .config import EngineConfig
+    from .core.config import EngineConfig
 
     return EngineConfig(max_tokens=16, topk=64, kv_cache_mib=64, gpu_memory_utilization=0.2)
 
@@ -249,7 +249,7 @@ def check_vllm(dev: torch.device, tmp: Path, precision: str) -> str:
 def check_cell(dev: torch.device, tmp: Path) -> str:
     _need("transformers")
     _need("vllm")
-    from .config import load
+    from .core.config import load
     from .celldir import run_cell
 
     root = Path(__file__).resolve().parent.parent
@@ -342,7 +342,7 @@ def check_paper_trainer(dev: torch.device, models=tuple(QWEN3_ARCH), shape: dict
     _need("transformers")
     if dev.type != "cuda" and shape is None:
         raise Skip("paper-size models need a GPU (the tests run this piece at a small size on CPU)")
-    from .config import load
+    from .core.config import load
     from .model import build_tiny_model
     from .learner import Learner
 

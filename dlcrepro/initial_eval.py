@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 
 from . import stamped
-from .config import Config, to_dict
-from .grid import probe_engine_sampler
+from .core.config import Config, to_dict
+from .core.grid import probe_engine_sampler
 from .train import Trainer
-from .util import log
+from .core.util import log
 
 FORMAT = 1  # bump when the file's layout changes
 

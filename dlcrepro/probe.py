@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from . import data, paths
-from .config import Config
+from . import data
+from .core import paths
+from .core.config import Config
 from .diagnostics import stats
 from .engine import VLLMEngine
-from .grid import SAMPLERS
+from .core.grid import SAMPLERS
 from .model import load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
 
 

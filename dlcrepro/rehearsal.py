@@ -28,11 +28,11 @@ from pathlib import Path
 import numpy as np
 
 from . import countdown
-from .arch import QWEN3_COMMON
-from .config import WarmstartConfig
+from .core.arch import QWEN3_COMMON
+from .core.config import WarmstartConfig
 from .countdown import Problem
-from .paths import REHEARSAL_DATASET, REHEARSAL_MODEL, cache_repo_dir, hf_hub_cache
-from .util import log
+from .core.paths import REHEARSAL_DATASET, REHEARSAL_MODEL, cache_repo_dir, hf_hub_cache
+from .core.util import log
 
 # Qwen3's architecture (`arch.QWEN3_COMMON`: grouped-query attention with head_dim 128, q/k norms, its
 # rope θ and norm ε, tied embeddings) with Qwen3-0.6B's sizes (28 layers, hidden 1024, 16 query / 8
@@ -316,7 +316,7 @@ def build_checkpoint(cache: Path, dataset_snapshot: Path, n_train: int, ws: Warm
     """Train the tokenizer and warm-start the model on the data set's first `n_train` rows, measure
     greedy accuracy on the next rows with a vLLM engine, and lay the checkpoint into the cache."""
     from . import data
-    from .config import EngineConfig
+    from .core.config import EngineConfig
     from .engine import VLLMEngine
     from .model import load_tokenizer
     from .warmstart import supervised_train

@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 
 from . import stamped
-from .config import Config, ConfigError, to_dict
+from .core.config import Config, ConfigError, to_dict
 from .engine import Rollout
-from .seeds import derive_seed, step_problems
-from .util import log
+from .core.seeds import derive_seed, step_problems
+from .core.util import log
 
 FORMAT = 1  # bump when the file's layout changes
 
@@ -74,7 +74,7 @@ def write_rollouts(cfg: Config, model: str, sampler_name: str, seed: int, out: P
     from . import data
     from .cluster import check_device
     from .engine import VLLMEngine
-    from .grid import get_sampler
+    from .core.grid import get_sampler
     from .model import load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
 
     check_device(cfg, model)  # a GPU job on a CPU torch stops here, as a training job does

@@ -33,12 +33,12 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from . import paths
-from .registry import updates_per_batch
+from .core import paths
+from .core.registry import updates_per_batch
 from . import paper as P
 from .intervals import interval_text, number
 from .tables import write_table
-from .util import atomic_save, atomic_write_text, log
+from .core.util import atomic_save, atomic_write_text, log
 
 KEY = ["model", "theta", "sampler", "correction"]  # one fit per key
 RAW_FILE = "scan.parquet"
@@ -312,7 +312,7 @@ def _repetition(tr, synced: bool, corrections: list[str], n: int, rep: int, seed
     with the step row's metrics (diagnostics.STEP_METRICS: the batch's, and the probe step's with
     that correction's direction)."""
     from .diagnostics import step_metrics
-    from .seeds import derive_seed
+    from .core.seeds import derive_seed
 
     t0 = time.perf_counter()
     tag, k = f"scan/{n}", tr.tcfg.responses_per_prompt
@@ -352,9 +352,9 @@ def scan(cfg, model: str, sampler: str, corrections: list[str], prompts: list[in
     with train.updates_per_batch > 1) needs updates and is refused."""
     import torch
 
-    from .config import ConfigError
+    from .core.config import ConfigError
     from .corrections import get_correction
-    from .registry import UnknownNameError
+    from .core.registry import UnknownNameError
     from .train import Trainer
 
     if model not in cfg.models:

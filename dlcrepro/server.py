@@ -43,8 +43,8 @@ import threading
 import time
 from pathlib import Path
 
-from . import procs
-from .preload import import_job_modules
+from .core import procs
+from .core.preload import import_job_modules
 
 REFUSED = -1 << 16  # status sent instead of an exit code when the server will not run a job
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid

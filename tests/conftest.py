@@ -133,7 +133,7 @@ def built_once(tmp_path_factory, name: str):
 
 @pytest.fixture(scope="session")
 def smoke_cfg():
-    from dlcrepro.config import load
+    from dlcrepro.core.config import load
 
     return load(SMOKE)
 
@@ -337,7 +337,7 @@ def warm_outdirs(tmp_path, smoke_warm_start):
     return out, slurm_out_config(out), list(smoke_warm_start.SNAKEMAKE_ARGS)
 
 
-# A job killed at each moment of its cell, one after another (dlcrepro/procs.py's pause points: the job
+# A job killed at each moment of its cell, one after another (dlcrepro/core/procs.py's pause points: the job
 # stops itself there, the test SIGKILLs it as a node failure would, snakemake's retry (`--retries`) is
 # the next attempt and stops at the next moment): (the moment as DLCREPRO_PAUSE_AT names it, the steps
 # the cell had finished when killed). A phase's count is its pass in that attempt's process. KILL_TRAIN:
@@ -385,7 +385,7 @@ def kill_in_a_chain(cmd: list[str], cell: Path, tmp_path: Path, env: dict | None
     steps left to the retry, seconds from the kill to the retry's own kill or end)."""
     import pandas as pd
 
-    from dlcrepro import procs
+    from dlcrepro.core import procs
 
     env = {**os.environ, **(env or {})}
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800, env=env)

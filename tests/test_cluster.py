@@ -14,7 +14,7 @@ import yaml
 
 from conftest import PAPER_MODELS, QWEN3_CONFIGS, ROOT, SMOKE, cache_repo, fake_hf_cache
 from dlcrepro import cluster
-from dlcrepro.config import load
+from dlcrepro.core.config import load
 
 PAPER = ROOT / "configs" / "paper.yaml"
 
@@ -495,7 +495,7 @@ def test_a_gpu_config_job_exits_at_once_with_the_error(tmp_path):
 def test_a_job_finds_an_hf_model_given_by_its_id(tmp_path, monkeypatch):
     """The workflow hands a paper job `--model-dir Qwen/Qwen3-0.6B` (the config's path): the job
     finds its snapshot in the local cache, and a model missing there is an error saying how to fetch it."""
-    from dlcrepro.config import ConfigError
+    from dlcrepro.core.config import ConfigError
     from dlcrepro.celldir import cell_model_dir
 
     cfg = cluster.load_merged([str(PAPER)])

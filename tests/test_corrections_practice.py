@@ -10,8 +10,9 @@ import torch
 import yaml
 
 from conftest import ROOT, SMOKE
-from dlcrepro import analysis, registry
-from dlcrepro.config import ConfigError, TrainConfig, build, load
+from dlcrepro import analysis
+from dlcrepro.core import registry
+from dlcrepro.core.config import ConfigError, TrainConfig, build, load
 from dlcrepro.corrections import (
     CORRECTIONS,
     CorrectionParams,

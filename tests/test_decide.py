@@ -16,9 +16,9 @@ from conftest import ROOT, SMOKE
 from dlcrepro import decide as D
 from dlcrepro import findings as F
 from dlcrepro.cluster import load_merged
-from dlcrepro.config import ConfigError
-from dlcrepro.grid import SAMPLERS
-from dlcrepro.registry import CORRECTION_INFO
+from dlcrepro.core.config import ConfigError
+from dlcrepro.core.grid import SAMPLERS
+from dlcrepro.core.registry import CORRECTION_INFO
 
 GRID = [f"tiny/{s}/{c}" for s in ("bf16", "fp8", "stale") for c in ("pg", "center", "is", "is_center", "dlc")]
 

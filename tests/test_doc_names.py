@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from dlcrepro import config as config_module
+from dlcrepro.core import config as config_module
 
 PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
 PACKAGE = ROOT / "dlcrepro"

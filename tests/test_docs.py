@@ -351,7 +351,7 @@ def test_readme_gpu_hours_are_the_plans():
     """The README quotes what `python -m dlcrepro plan --config configs/paper.yaml` prints: minutes
     per trained job of each model, the trained cells and copies, GPU-hours estimated and requested."""
     from dlcrepro import cluster
-    from dlcrepro.config import load
+    from dlcrepro.core.config import load
 
     cfg = load(ROOT / "configs" / "paper.yaml")
     plan = cluster.plan_text(cfg, "configs/paper.yaml")

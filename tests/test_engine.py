@@ -9,7 +9,7 @@ import torch
 from conftest import SMOKE
 from dlcrepro import data
 from dlcrepro.engine import SyncCheckError, VLLMEngine, linear_kernel
-from dlcrepro.grid import SAMPLERS, get_sampler
+from dlcrepro.core.grid import SAMPLERS, get_sampler
 from dlcrepro.model import build_tiny_model, load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
 
 pytestmark = pytest.mark.engine
@@ -256,7 +256,7 @@ def test_a_check_changes_no_training_sample(setup, name):
     """A training batch drawn without and with a sync check before it (a step's seed, the top-k a
     correction reads): the same tokens and log-probs. The check's requests carry seeds of their own and
     it leaves no prefix cache behind."""
-    from dlcrepro.seeds import derive_seed
+    from dlcrepro.core.seeds import derive_seed
 
     engine, seed = setup[name], derive_seed(0, 1, "sample")
     without = engine.generate(setup["prompts"], 4, seed, topk=64)

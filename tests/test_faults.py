@@ -20,7 +20,7 @@ import yaml
 from conftest import (KILL_TRAIN, KILLS, ROOT, SMOKE, check_kill_table, kill_in_a_chain, stopped_after,
                       wait_for)
 
-from dlcrepro import procs
+from dlcrepro.core import procs
 from dlcrepro.checkpoint import sidecar, verified_step
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ import torch
 
 from dlcrepro import diagnostics as d
 from dlcrepro.divergence import check_finite
-from dlcrepro.util import NonFiniteError
+from dlcrepro.core.util import NonFiniteError
 
 T = torch.float64
 

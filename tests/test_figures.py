@@ -11,7 +11,7 @@ from matplotlib.text import Text
 from dlcrepro import analysis as A
 from dlcrepro import figures as F
 from dlcrepro import outputs
-from dlcrepro.registry import CORRECTION_INFO
+from dlcrepro.core.registry import CORRECTION_INFO
 
 from test_analysis import NAN, run_rows
 

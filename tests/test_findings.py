@@ -61,9 +61,9 @@ def test_f4_holds_only_when_the_whole_paired_interval_is_inside_the_margin():
 
 def test_f7_reads_the_paper_ppo_with_several_sgd_steps_not_ppo_which_is_pg():
     assert F.PAPER_PPO == "ppo_multi"
-    from dlcrepro.config import TrainConfig
-    from dlcrepro.grid import computed_as
-    from dlcrepro.registry import updates_per_batch
+    from dlcrepro.core.config import TrainConfig
+    from dlcrepro.core.grid import computed_as
+    from dlcrepro.core.registry import updates_per_batch
 
     assert computed_as("stale", "ppo", TrainConfig())[0] == "pg"  # one SGD step: pg's run, a copy
     assert computed_as("stale", F.PAPER_PPO, TrainConfig())[0] == F.PAPER_PPO

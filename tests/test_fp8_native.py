@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dlcrepro import quant
-from dlcrepro.config import ConfigError, EngineConfig, load
+from dlcrepro.core.config import ConfigError, EngineConfig, load
 from dlcrepro.engine import fp8_backend
 from dlcrepro.gpu_check import ALIGNED_ARCH as ALIGNED  # linear widths all multiples of 128
 from dlcrepro.model import build_tiny_model, build_tokenizer, save_model_dir

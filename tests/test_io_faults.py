@@ -12,8 +12,8 @@ import pytest
 
 from conftest import ROOT, stopped_after, wait_for
 
-from dlcrepro import procs
-from dlcrepro.util import DiskFullError, atomic_save_stream, atomic_write_text, disk_full, file_digest
+from dlcrepro.core import procs
+from dlcrepro.core.util import DiskFullError, atomic_save_stream, atomic_write_text, disk_full, file_digest
 
 
 def test_a_full_disk_is_named_with_its_mount_point_and_what_to_do(tmp_path):

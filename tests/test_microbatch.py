@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from dlcrepro.config import TrainConfig
+from dlcrepro.core.config import TrainConfig
 from dlcrepro.gpu_check import paper_step_batch
 from dlcrepro.model import build_tiny_model, chunk_bounds, make_token_batch, response_logits, token_logprobs
 from dlcrepro.learner import Learner

@@ -78,8 +78,9 @@ def test_rehearsal_diff_catches_a_changed_learning_rate(tmp_path, monkeypatch):
 
 @pytest.mark.engine
 def test_rehearsal_assets_sit_in_the_cache_as_a_download_and_are_found_by_id(rehearsal_cache, monkeypatch):
-    from dlcrepro import countdown, data, paths
-    from dlcrepro.config import load
+    from dlcrepro import countdown, data
+    from dlcrepro.core import paths
+    from dlcrepro.core.config import load
     from dlcrepro.model import load_tokenizer
 
     repo = rehearsal_cache / "models--dlcrepro--Qwen3-Rehearsal"
@@ -232,7 +233,7 @@ def test_qwen3s_published_chat_template_renders_the_projects_prompts_byte_for_by
     import hashlib
 
     from dlcrepro import countdown, data
-    from dlcrepro.config import load
+    from dlcrepro.core.config import load
     from dlcrepro.model import load_tokenizer
 
     qwen3 = QWEN3_TEMPLATE.read_bytes()
@@ -274,7 +275,7 @@ def test_rope_theta_and_torch_dtype_in_the_hub_form_reach_the_trainer_and_the_en
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from dlcrepro.config import EngineConfig
+    from dlcrepro.core.config import EngineConfig
     from dlcrepro.engine import VLLMEngine
     from dlcrepro.model import load_model, make_token_batch, response_logits, token_logprobs
 
@@ -306,7 +307,7 @@ def test_qwen3s_sampling_defaults_in_generation_config_change_nothing_the_engine
     a copy whose generation_config.json keeps only the stop tokens, sample the same tokens with the same log-probs."""
     import torch
 
-    from dlcrepro.config import EngineConfig
+    from dlcrepro.core.config import EngineConfig
     from dlcrepro.engine import VLLMEngine
     from dlcrepro.rehearsal import QWEN3_SAMPLING_DEFAULTS
 

@@ -214,7 +214,7 @@ def test_every_fault_is_caught_on_the_rehearsals_qwen3_checkpoint(rehearsal_cach
     from test_fp8_native import require_native_fp8
     from test_rehearsal import snapshot
 
-    from dlcrepro.config import EngineConfig, load
+    from dlcrepro.core.config import EngineConfig, load
 
     if name == "fp8-native":
         require_native_fp8()

@@ -375,7 +375,7 @@ def test_a_seeds_initial_eval_gives_a_cell_the_accuracies_it_measures_itself(tin
 
 def test_a_damaged_initial_eval_file_is_named(tmp_path, smoke_cfg):
     from dlcrepro import initial_eval
-    from dlcrepro.util import DamagedFileError
+    from dlcrepro.core.util import DamagedFileError
 
     path = tmp_path / "seed0.json"
     path.write_text('{"identity": {"seed": 0}, "accura')  # a write cut short
@@ -387,7 +387,7 @@ def test_a_rollouts_file_without_the_top_k_a_correction_reads_is_refused(tmp_pat
     import torch
 
     from dlcrepro import rollouts
-    from dlcrepro.config import ConfigError
+    from dlcrepro.core.config import ConfigError
     from dlcrepro.engine import Rollout
 
     one = Rollout(prompt_ids=[[1, 2]], response_ids=[[3]], group=torch.zeros(1, dtype=torch.long),

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from dlcrepro.config import ConfigError, load
+from dlcrepro.core.config import ConfigError, load
 from dlcrepro.warmstart import lr_factor
 
 

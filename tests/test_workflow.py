@@ -323,7 +323,7 @@ def test_smoke_pilot_calibration_then_the_pipeline_end_to_end_then_one_cell_reru
     bench = pd.read_csv(out["results_dir"] / "_benchmarks" / "train" / "tiny" / "stale" / "dlc" / "seed0.tsv", sep="\t")
     assert {"max_rss", "cpu_time"} <= set(bench.columns) and len(bench) == 1
     assert len(list(out["results_dir"].glob("_benchmarks/train/tiny/*/*/seed0.tsv"))) == 28
-    # 8 of the 28 cells are another cell's run bit for bit (dlcrepro/grid.py): copied, not trained
+    # 8 of the 28 cells are another cell's run bit for bit (dlcrepro/core/grid.py): copied, not trained
     runs = pd.read_parquet(out["results_dir"] / "_aggregate" / "runs.parquet")
     copies = runs.loc[runs["computed_as"] != ""]
     assert sorted(zip(copies["sampler"], copies["correction"])) == sorted(

@@ -7,9 +7,9 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import Config
-from ..grid import computed_as, get_sampler
-from ..registry import engine_topk, updates_per_batch
+from ..core.config import Config
+from ..core.grid import computed_as, get_sampler
+from ..core.registry import engine_topk, updates_per_batch
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,14 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 # The package's torch-free modules, from this checkout (the Snakemake env need not have it installed).
 sys.path.insert(0, str(Path(workflow.basedir).resolve()))
-from dlcrepro import cluster, decide, outputs, procs, tracking
-from dlcrepro.config import ConfigError
-from dlcrepro.config import build as build_config
-from dlcrepro.config import tracking_for_jobs
-from dlcrepro.config import with_base
-from dlcrepro.grid import get_sampler
-from dlcrepro.paths import BUILT_HERE, REHEARSAL_DATASET, REHEARSAL_MODEL, cache_repo_dir, hf_hub_cache
+from dlcrepro import cluster, decide, outputs
+from dlcrepro.core import procs, tracking
+from dlcrepro.core.config import ConfigError
+from dlcrepro.core.config import build as build_config
+from dlcrepro.core.config import tracking_for_jobs
+from dlcrepro.core.config import with_base
+from dlcrepro.core.grid import get_sampler
+from dlcrepro.core.paths import BUILT_HERE, REHEARSAL_DATASET, REHEARSAL_MODEL, cache_repo_dir, hf_hub_cache
 
 # An overlay (`base: configs/tiny.yaml`, as configs/zoo.yaml) stands on its own: laid over its base
 # here, the key gone, so the jobs' configs are those of the merged file.
@@ -48,7 +49,7 @@ HF_CACHE = hf_hub_cache().resolve()  # where hf models and parquet data are foun
 
 # config `tracking`: training jobs find the study's section, its directories resolved under
 # RESULTS, in their environment (as they find the fork server), not in their config file, a rule
-# param or shell text, whose changes would rerun every cell (dlcrepro/tracking.py, config.tracking_for_jobs).
+# param or shell text, whose changes would rerun every cell (dlcrepro/core/tracking.py, config.tracking_for_jobs).
 _TRACKING = tracking_for_jobs(config.get("tracking"), RESULTS, config.get("name", "tiny"))
 if _TRACKING:
     os.environ[tracking.ENV] = _TRACKING
@@ -89,7 +90,7 @@ WIDE_KEYS = {(c.model, c.sampler, c.correction, c.seed) for c in cluster.grid_ce
 
 
 def same_cell(wildcards):
-    """The grid cell whose run this cell's run is bit for bit (dlcrepro/grid.py), or None. Such a
+    """The grid cell whose run this cell's run is bit for bit (dlcrepro/core/grid.py), or None. Such a
     cell waits for that one and copies its metrics instead of training; a cell it would equal but
     that the grid leaves out is no help, and the cell trains."""
     w = wildcards
@@ -430,7 +431,7 @@ def start_fork_server():
     while it imports, and whenever it is absent."""
     if not fork_server_wanted() or not any(j.rule.name in ("train", "pilot_cell") for j in workflow.dag.needrun_jobs()):
         return None
-    from dlcrepro.server import private_dir  # torch-free, like dlcrepro.config
+    from dlcrepro.server import private_dir  # torch-free, like dlcrepro.core.config
 
     path = str(private_dir() / f"snakemake-{os.getpid()}.sock")  # 0700: no other user reaches it
     Path(LOGS).mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ rule train:
         cfg=train_config_input,
         model=model_input,
         data=data_input,
-        # a cell that computes another cell's numbers bit for bit copies them (dlcrepro/grid.py)
+        # a cell that computes another cell's numbers bit for bit copies them (dlcrepro/core/grid.py)
         same=same_cell_input,
         # a lagged sampler's first steps, sampled once for all its cells (dlcrepro/rollouts.py)
         rollouts=rollouts_input,
