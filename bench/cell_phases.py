@@ -47,10 +47,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     timed("import vllm", __import__, "vllm")
     from dlcrepro.core import config as config_mod
-    from dlcrepro import data
+    from dlcrepro.step import data
     from dlcrepro.core.paths import model_dir
-    from dlcrepro.engine import VLLMEngine
-    from dlcrepro.model import load_model, load_tokenizer
+    from dlcrepro.step.engine import VLLMEngine
+    from dlcrepro.step.model import load_model, load_tokenizer
     from dlcrepro.celldir import run_cell
     from dlcrepro.core.phases import PHASES
 
@@ -72,7 +72,7 @@ def main() -> None:
           f"{args.repeats}")
     from vllm.inputs import TokensPrompt
 
-    from dlcrepro.engine import request_seeds
+    from dlcrepro.step.engine import request_seeds
 
     def raw(seed: int):
         params = [engine._params(n, s, min(k, engine.vocab_size)) for s in request_seeds(seed, len(prompts))]

@@ -30,9 +30,9 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     from dlcrepro.core import config as config_mod
-    from dlcrepro import data
-    from dlcrepro.engine import VLLMEngine
-    from dlcrepro.model import load_tokenizer
+    from dlcrepro.step import data
+    from dlcrepro.step.engine import VLLMEngine
+    from dlcrepro.step.model import load_tokenizer
     from dlcrepro.core.paths import model_dir
 
     cfg = config_mod.load(args.config)

@@ -21,8 +21,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from dlcrepro import gpu_check
 from dlcrepro.core.config import load
-from dlcrepro.model import build_tiny_model
-from dlcrepro.learner import Learner
+from dlcrepro.step.model import build_tiny_model
+from dlcrepro.step.learner import Learner
 
 
 def main() -> None:

@@ -29,19 +29,20 @@ import pandas as pd
 import torch
 import yaml
 
-from . import analysis, checkpoint, divergence, rollouts, stamped
+from . import analysis, rollouts
+from .step import checkpoint, divergence, stamped
 from .core import paths, procs, tracking
 from .cluster import check_device
 from .core.config import Config, ConfigError
-from .corrections import get_correction
-from .diagnostics import EVAL_COLUMNS, metric_columns
+from .step.corrections import get_correction
+from .step.diagnostics import EVAL_COLUMNS, metric_columns
 from .core.grid import computed_as, get_sampler
 from .initial_eval import identity as initial_identity
 from .initial_eval import load_initial_eval
 from .core.preload import import_job_modules
 from .core.procs import pause_point
 from .core.registry import UnknownNameError, engine_topk
-from .train import Cell, Trainer, train_steps
+from .step.train import Cell, Trainer, train_steps
 from .core.util import DamagedFileError, atomic_save, atomic_write_text, disk_full, log, remove_leftovers
 
 METRICS_FILE, SUMMARY_FILE, CONFIG_FILE, CKPT_FILE, LOG_FILE, FINISHED_FILE = (

@@ -528,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
     args.argv = argv
-    from .checkpoint import BadCheckpoint
+    from .step.checkpoint import BadCheckpoint
     from .core.config import ConfigError
     from .core.registry import UnknownNameError
     from .core.util import DamagedFileError, DiskFullError, NonFiniteError, disk_full

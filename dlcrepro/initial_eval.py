@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from . import stamped
+from .step import stamped
 from .core.config import Config, to_dict
 from .core.grid import probe_engine_sampler
-from .train import Trainer
+from .step.train import Trainer
 from .core.util import log
 
 FORMAT = 1  # bump when the file's layout changes

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import countdown
+from .step import countdown
 from .core.arch import QWEN3_COMMON
 from .core.config import WarmstartConfig
-from .countdown import Problem
+from .step.countdown import Problem
 from .core.paths import REHEARSAL_DATASET, REHEARSAL_MODEL, cache_repo_dir, hf_hub_cache
 from .core.util import log
 
@@ -315,10 +315,10 @@ def save_checkpoint_dir(model, tokenizer, out: Path, card: str) -> None:
 def build_checkpoint(cache: Path, dataset_snapshot: Path, n_train: int, ws: WarmstartConfig = REHEARSAL_WARMSTART) -> dict:
     """Train the tokenizer and warm-start the model on the data set's first `n_train` rows, measure
     greedy accuracy on the next rows with a vLLM engine, and lay the checkpoint into the cache."""
-    from . import data
+    from .step import data
     from .core.config import EngineConfig
-    from .engine import VLLMEngine
-    from .model import load_tokenizer
+    from .step.engine import VLLMEngine
+    from .step.model import load_tokenizer
     from .warmstart import supervised_train
 
     train, test = countdown.load_parquet(dataset_snapshot, n_train, REHEARSAL_TEST_PROBLEMS)

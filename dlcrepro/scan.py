@@ -285,7 +285,7 @@ def _place(tr, checkpoint: str | Path | None):
     both at the model directory's weights, or the checkpoint's `policy` (θ_t) and `sampler` (θ_s; a
     sampler synced before every step takes θ_t, as the run's next step would). The probe engine
     holds θ_t. Returns the run's Cell (step, sampler_version)."""
-    from .train import Cell
+    from .step.train import Cell
 
     cell = tr.load_checkpoint(Path(checkpoint)) if checkpoint else Cell()
     if tr.sampler.always_synced:
@@ -298,7 +298,7 @@ def _place(tr, checkpoint: str | Path | None):
 
 def _draw_prompts(tr, n: int, seed: int) -> tuple[list[int], list[list[int]]]:
     """`n` distinct problems of the run's RL pool and their prompt ids, as Trainer.prompts_for draws them."""
-    from . import data
+    from .step import data
 
     rng = np.random.default_rng(seed)
     idx = rng.choice(len(tr.rl_problems), size=n, replace=False).tolist()
@@ -311,7 +311,7 @@ def _repetition(tr, synced: bool, corrections: list[str], n: int, rep: int, seed
     sample → score → log-probs → probe → correction, without the update). One row per correction,
     with the step row's metrics (diagnostics.STEP_METRICS: the batch's, and the probe step's with
     that correction's direction)."""
-    from .diagnostics import step_metrics
+    from .step.diagnostics import step_metrics
     from .core.seeds import derive_seed
 
     t0 = time.perf_counter()
@@ -353,9 +353,9 @@ def scan(cfg, model: str, sampler: str, corrections: list[str], prompts: list[in
     import torch
 
     from .core.config import ConfigError
-    from .corrections import get_correction
+    from .step.corrections import get_correction
     from .core.registry import UnknownNameError
-    from .train import Trainer
+    from .step.train import Trainer
 
     if model not in cfg.models:
         raise UnknownNameError(f"unknown model {model!r}; known: {sorted(cfg.models)}")

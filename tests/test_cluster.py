@@ -230,7 +230,7 @@ SHIPPED_EVALS = sorted(set().union(*(eval_settings(p) for p in sorted((ROOT / "c
 def test_the_cost_model_counts_the_answers_an_evaluation_generates(untrained_tiny, eval_on, eval_mode, eval_samples, pooled):
     """A real Trainer.evaluate, with each evaluation setting of configs/*.yaml on the tiny model
     (4 test problems, a pool of 3): the answers its engine returns are the formula's."""
-    from dlcrepro.train import Trainer
+    from dlcrepro.step.train import Trainer
 
     cfg = load(SMOKE, {"task.n_test": 4, "train.pool_size": 3 if pooled else 0, "train.eval_on": eval_on,
                        "train.eval_mode": eval_mode, "train.eval_samples": eval_samples})
@@ -446,7 +446,8 @@ def gpu_config(**gpu):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch has no CUDA device")
 def test_a_gpu_config_stops_before_anything_loads_naming_the_environment_and_the_fix(tmp_path, monkeypatch):
-    from dlcrepro import celldir, train
+    from dlcrepro import celldir
+    from dlcrepro.step import train
 
     def must_not_run(*a, **k):
         raise AssertionError("a model or engine was loaded before the device check")

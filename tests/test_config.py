@@ -346,9 +346,9 @@ QWEN3_STYLE_TEMPLATE = (
 
 
 def test_chat_prompt_is_the_instruction_through_the_template_with_thinking_disabled():
-    from dlcrepro import data
-    from dlcrepro.countdown import Problem
-    from dlcrepro.model import build_tokenizer
+    from dlcrepro.step import data
+    from dlcrepro.step.countdown import Problem
+    from dlcrepro.step.model import build_tokenizer
 
     tok = build_tokenizer()
     tok.chat_template = QWEN3_STYLE_TEMPLATE

@@ -1,6 +1,6 @@
 """The docs name only what exists: every name in backticks in docs/*.md and the README that looks
 like a code path resolves in the repository. What looks like one: a repository path
-(`dlcrepro/engine.py`, `tests/test_engine.py::test_name`), a module's file (`engine.py`), and a
+(`dlcrepro/step/engine.py`, `tests/test_engine.py::test_name`), a module's file (`engine.py`), and a
 dotted name whose first part is one of the package's modules or classes (`engine.CHECK_SEQS`,
 `Learner.sgd_step`, `cluster.memory.layer_bytes`). A dotted name that is a config key
 (`train.lr`, `engine.topk`) resolves through the config's dataclasses. Read from the source with

@@ -21,7 +21,7 @@ from conftest import (KILL_TRAIN, KILLS, ROOT, SMOKE, check_kill_table, kill_in_
                       wait_for)
 
 from dlcrepro.core import procs
-from dlcrepro.checkpoint import sidecar, verified_step
+from dlcrepro.step.checkpoint import sidecar, verified_step
 
 pytestmark = pytest.mark.slow
 

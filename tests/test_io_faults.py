@@ -41,7 +41,7 @@ def test_a_failed_atomic_write_leaves_neither_a_temporary_nor_a_final_file(tmp_p
 
 
 def test_a_checkpoints_sidecar_tells_a_whole_file_from_a_cut_one_and_from_another_run(tmp_path):
-    from dlcrepro import checkpoint
+    from dlcrepro.step import checkpoint
 
     run = {"cell": {"sampler": "stale"}, "config": {"train": {"lr": 0.3}}}
     path = tmp_path / "checkpoint.pt"

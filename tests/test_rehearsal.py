@@ -78,10 +78,10 @@ def test_rehearsal_diff_catches_a_changed_learning_rate(tmp_path, monkeypatch):
 
 @pytest.mark.engine
 def test_rehearsal_assets_sit_in_the_cache_as_a_download_and_are_found_by_id(rehearsal_cache, monkeypatch):
-    from dlcrepro import countdown, data
+    from dlcrepro.step import countdown, data
     from dlcrepro.core import paths
     from dlcrepro.core.config import load
-    from dlcrepro.model import load_tokenizer
+    from dlcrepro.step.model import load_tokenizer
 
     repo = rehearsal_cache / "models--dlcrepro--Qwen3-Rehearsal"
     commit = (repo / "refs" / "main").read_text().strip()
@@ -204,8 +204,8 @@ def test_the_tokenizer_encodes_alike_as_qwen2tokenizer_from_its_json_or_its_voca
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
-    from dlcrepro import countdown, data
-    from dlcrepro.model import load_tokenizer
+    from dlcrepro.step import countdown, data
+    from dlcrepro.step.model import load_tokenizer
     from dlcrepro.rehearsal import rehearsal_problems
 
     snap = snapshot(rehearsal_cache)
@@ -232,9 +232,9 @@ def test_qwen3s_published_chat_template_renders_the_projects_prompts_byte_for_by
     every prompt a rehearsal job sends (user turn, generation prompt, thinking disabled) to the same bytes."""
     import hashlib
 
-    from dlcrepro import countdown, data
+    from dlcrepro.step import countdown, data
     from dlcrepro.core.config import load
-    from dlcrepro.model import load_tokenizer
+    from dlcrepro.step.model import load_tokenizer
 
     qwen3 = QWEN3_TEMPLATE.read_bytes()
     assert hashlib.sha256(qwen3).hexdigest() == QWEN3_TEMPLATE_SHA256  # still the published bytes
@@ -255,8 +255,8 @@ def test_qwen3s_published_chat_template_renders_the_projects_prompts_byte_for_by
 
 def teacher_forcing_batch(snap: Path, n: int = 8) -> tuple[list[list[int]], list[list[int]]]:
     """(prompts, worked answers) of the first `n` data set rows, as token ids: likely tokens after the warm start."""
-    from dlcrepro import countdown, data
-    from dlcrepro.model import load_tokenizer
+    from dlcrepro.step import countdown, data
+    from dlcrepro.step.model import load_tokenizer
     from dlcrepro.rehearsal import rehearsal_problems
 
     tok = load_tokenizer(snap)
@@ -276,8 +276,8 @@ def test_rope_theta_and_torch_dtype_in_the_hub_form_reach_the_trainer_and_the_en
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from dlcrepro.core.config import EngineConfig
-    from dlcrepro.engine import VLLMEngine
-    from dlcrepro.model import load_model, make_token_batch, response_logits, token_logprobs
+    from dlcrepro.step.engine import VLLMEngine
+    from dlcrepro.step.model import load_model, make_token_batch, response_logits, token_logprobs
 
     snap = snapshot(rehearsal_cache)
     arch = json.loads((snap / "config.json").read_text())
@@ -308,7 +308,7 @@ def test_qwen3s_sampling_defaults_in_generation_config_change_nothing_the_engine
     import torch
 
     from dlcrepro.core.config import EngineConfig
-    from dlcrepro.engine import VLLMEngine
+    from dlcrepro.step.engine import VLLMEngine
     from dlcrepro.rehearsal import QWEN3_SAMPLING_DEFAULTS
 
     snap = snapshot(rehearsal_cache)

@@ -95,7 +95,7 @@ def test_smoke_scan_writes_table_parquet_and_figure(tiny_model_dir, smoke_cfg, t
 @pytest.mark.engine
 def test_lagged_sampler_at_a_checkpoint_samples_from_the_checkpoints_sampler(tiny_model_dir, smoke_cfg, tmp_path):
     from dlcrepro.scan import scan
-    from dlcrepro.train import Cell, PhaseTimer, Trainer
+    from dlcrepro.step.train import Cell, PhaseTimer, Trainer
 
     tr = Trainer(smoke_cfg, "tiny", "stale", "pg", 0, tiny_model_dir)  # two steps of a stale run: θ_t moves, θ_s stays θ_0
     cell = Cell()

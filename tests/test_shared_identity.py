@@ -1,5 +1,5 @@
 """The shared files (rollouts, θ_0's evaluation) name their model by its weights' hash and their
-node by its kernel path (dlcrepro/weights.py, dlcrepro/kernels.py, stamped.model_and_kernels)."""
+node by its kernel path (dlcrepro/step/weights.py, dlcrepro/step/kernels.py, stamped.model_and_kernels)."""
 
 import re
 import shutil
@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from conftest import ROOT, SMOKE
-from dlcrepro import initial_eval, kernels, rollouts, stamped, weights
+from dlcrepro import initial_eval, rollouts
+from dlcrepro.step import kernels, stamped, weights
 from dlcrepro.core.config import ConfigError
-from dlcrepro.engine import Rollout
+from dlcrepro.step.engine import Rollout
 
 ONE = Rollout(prompt_ids=[[1, 2]], response_ids=[[3]], group=torch.zeros(1, dtype=torch.long),
               engine_logp=torch.zeros(1), topk_ids=None, topk_logp=None, version=0)

@@ -1,9 +1,9 @@
-"""Files stamped with an identity (dlcrepro/stamped.py): what the checkpoint sidecar, the shared
+"""Files stamped with an identity (dlcrepro/step/stamped.py): what the checkpoint sidecar, the shared
 rollouts and θ_0's evaluation share."""
 
 import pytest
 
-from dlcrepro import stamped
+from dlcrepro.step import stamped
 from dlcrepro.core.config import ConfigError
 from dlcrepro.core.util import DamagedFileError
 

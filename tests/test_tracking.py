@@ -316,7 +316,7 @@ def test_a_tracker_that_loses_its_server_mid_run_is_reported_once_and_the_run_fi
 
 
 def test_a_mismatch_part_reaches_a_tracker_nested_as_the_frameworks_keys_and_every_other_column_by_its_name():
-    from dlcrepro import diagnostics
+    from dlcrepro.step import diagnostics
 
     parts = [p for p, _, _ in diagnostics.MISMATCH_PARTS]
     assert tracking.NESTED == tuple(f"mismatch_{p}_" for p in parts)

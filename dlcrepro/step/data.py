@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from . import countdown
-from .core.config import TaskConfig
+from ..core.config import TaskConfig
 from .countdown import Problem
-from .core.paths import resolve_dataset_path
+from ..core.paths import resolve_dataset_path
 
 
 def load_problems(task: TaskConfig) -> tuple[list[Problem], list[Problem]]:

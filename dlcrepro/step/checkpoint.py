@@ -20,9 +20,9 @@ import json
 import os
 from pathlib import Path
 
-from .core.procs import pause_point
+from ..core.procs import pause_point
 from .stamped import mismatch, normal
-from .core.util import atomic_save_stream, atomic_write_text, file_digest
+from ..core.util import atomic_save_stream, atomic_write_text, file_digest
 
 SIDECAR_SUFFIX = ".json"
 

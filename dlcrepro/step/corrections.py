@@ -24,8 +24,8 @@ from typing import Callable
 
 import torch
 
-from .core.config import TrainConfig
-from .core.registry import CORRECTION_INFO, CorrectionInfo, UnknownNameError
+from ..core.config import TrainConfig
+from ..core.registry import CORRECTION_INFO, CorrectionInfo, UnknownNameError
 
 sg = torch.Tensor.detach
 

@@ -32,9 +32,9 @@ import numpy as np
 import torch
 
 from . import kernels, manifest, quant
-from .core.util import log
-from .core.config import EngineConfig
-from .core.seeds import derive_seed
+from ..core.util import log
+from ..core.config import EngineConfig
+from ..core.seeds import derive_seed
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 # vLLM's start-up chatter; a weight reload's warnings are collected and shown (manifest.vllm_warnings)

@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .core.config import Config, ConfigError, to_dict
-from .core.util import DamagedFileError, atomic_save, atomic_write_text
+from ..core.config import Config, ConfigError, to_dict
+from ..core.util import DamagedFileError, atomic_save, atomic_write_text
 
 
 def normal(identity) -> object:

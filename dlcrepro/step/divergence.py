@@ -17,7 +17,7 @@ import math
 import torch
 
 from .diagnostics import may_be_inf, may_be_nan
-from .core.util import Diverged, NonFiniteError
+from ..core.util import Diverged, NonFiniteError
 
 __all__ = ["BLOWUP", "Diverged", "NonFiniteError", "blown_up", "check_direction_finite", "check_finite",
            "check_weights_finite", "ended", "final_test_accuracy", "largest_abs_weight"]

@@ -26,19 +26,19 @@ import torch
 from tqdm import tqdm
 
 from . import checkpoint, countdown, data
-from .core import tracking
-from .core.config import Config, ConfigError
+from ..core import tracking
+from ..core.config import Config, ConfigError
 from .diagnostics import EVAL_COLUMNS, BatchTerms, ProbeTerms, missing, step_metrics
 from .divergence import Diverged, blown_up, check_direction_finite, check_finite, check_weights_finite, ended, largest_abs_weight
 from .engine import Rollout, SyncCheckError, VLLMEngine
-from .core.grid import PROBE_PRECISION, get_sampler
+from ..core.grid import PROBE_PRECISION, get_sampler
 from .learner import BatchLogProbs, Learner, Probes, Scored
 from .model import load_model, load_tokenizer, make_token_batch
-from .core.phases import PHASES, Schedule
-from .core.procs import pause_point
-from .core.registry import engine_topk, updates_per_batch
-from .core.seeds import derive_seed, step_problems
-from .core.util import DamagedFileError, log
+from ..core.phases import PHASES, Schedule
+from ..core.procs import pause_point
+from ..core.registry import engine_topk, updates_per_batch
+from ..core.seeds import derive_seed, step_problems
+from ..core.util import DamagedFileError, log
 
 
 class PhaseTimer:
