@@ -29,7 +29,8 @@ import pandas as pd
 import torch
 import yaml
 
-from . import analysis, rollouts
+from .report import analysis
+from . import rollouts
 from .step import checkpoint, divergence, stamped
 from .core import paths, procs, tracking
 from .cluster import check_device

@@ -117,7 +117,7 @@ def cmd_sample(args) -> int:
 
 
 def cmd_collect(args) -> int:
-    from .analysis import collect
+    from .report.analysis import collect
     from .core.util import atomic_save
 
     steps, runs = collect(args.summaries, rerun=os.environ.get("DLCREPRO_RERUN_COMMAND"))
@@ -129,7 +129,7 @@ def cmd_collect(args) -> int:
 def cmd_tables(args) -> int:
     import pandas as pd
 
-    from .tables import other_machine_findings, redraw_tex, write_all
+    from .report.tables import other_machine_findings, redraw_tex, write_all
 
     if args.redraw_tex:
         for f in redraw_tex(Path(args.redraw_tex)):
@@ -148,8 +148,8 @@ def cmd_tables(args) -> int:
 def cmd_findings(args) -> int:
     """findings.{csv,md,tex} rebuilt from the findings input the tables job wrote into --from (and what
     other CPU kinds gave: --other-machines, by default those committed under <from>/other_machines/)."""
-    from .outputs import other_machine_files
-    from .tables import caption, findings_from, other_machine_findings, write_table
+    from .report.outputs import other_machine_files
+    from .report.tables import caption, findings_from, other_machine_findings, write_table
 
     source = Path(args.source)
     paths = args.other_machines if args.other_machines is not None else other_machine_files(source)
@@ -192,7 +192,7 @@ def cmd_decide_summary(args) -> int:
 
 
 def cmd_docs(args) -> int:
-    from .findings_docs import update
+    from .report.findings_docs import update
 
     root = Path(args.root)
     for page in update(root, Path(args.findings) if args.findings else root / "paper_tables" / "findings.csv"):
@@ -201,7 +201,7 @@ def cmd_docs(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-    from .reproduce import write_report
+    from .report.reproduce import write_report
 
     r = write_report(args.run, args.committed, args.out, args.figure_dir, args.n_boot)
     print(f"{r.headline}\nreport: {args.out}")
@@ -209,7 +209,7 @@ def cmd_reproduce(args) -> int:
 
 
 def cmd_publish(args) -> int:
-    from .publish import publish
+    from .report.publish import publish
 
     try:
         written = publish(args.tables, args.figures, args.to_tables, args.to_figures)
@@ -224,7 +224,7 @@ def cmd_publish(args) -> int:
 def cmd_figures(args) -> int:
     import pandas as pd
 
-    from .figures import write_all
+    from .report.figures import write_all
 
     findings = pd.read_csv(args.findings, dtype={"rules": str, "machine": str}) if args.findings else None
     write_all(pd.read_parquet(args.steps), Path(args.out), pd.read_parquet(args.runs), findings)
@@ -272,7 +272,7 @@ def decide_plan_lines(cfg, source: str | None) -> list[str]:
     (--decide-findings DIR; by default the first that holds one of the config's committed study, its
     tables_dir, and the tiny study's committed tables, paper_tables: the only spreads measured so far)."""
     from .decide import expected_from, plan_lines
-    from .outputs import FINDINGS_INPUT
+    from .report.outputs import FINDINGS_INPUT
 
     candidates = [source] if source else [d for d in (cfg.committed_tables_dir, cfg.tables_dir, "paper_tables") if d]
     found = [Path(d) for d in candidates if all((Path(d) / f).exists() for f in FINDINGS_INPUT)]

@@ -22,7 +22,7 @@ import math
 
 from .core.config import Config, ConfigError
 from .core.registry import CORRECTION_INFO, resync_corrections
-from .sequential import Design
+from .report.sequential import Design
 
 MAX_LOOKS = 7  # Snakemake re-evaluates the DAG after each checkpoint: a handful of looks, not dozens
 
@@ -206,7 +206,7 @@ def pooled_verdicts(table):
 
 
 def findings_rules() -> str:
-    from .findings import RULES_COMMIT
+    from .report.findings import RULES_COMMIT
 
     return RULES_COMMIT
 
@@ -214,7 +214,7 @@ def findings_rules() -> str:
 def findings_of_look(steps, runs, design: Design):
     """The findings table of a look's runs, pooled over every seed that ran, each interval at the
     design's level (Bonferroni over its planned looks)."""
-    from .findings import findings_table
+    from .report.findings import findings_table
 
     return findings_table(steps, runs, design=design)
 
@@ -224,8 +224,8 @@ def expected_from(directory) -> dict[str, tuple[str, float]]:
     findings_steps.csv and findings_runs.csv), pooled over all its seeds as a look pools them; a
     finding of several models keeps its largest projection. What the plan's "expected" column
     assumes the decide run will see."""
-    from .findings import findings_from_input
-    from .tables import read_findings_input
+    from .report.findings import findings_from_input
+    from .report.tables import read_findings_input
 
     steps, runs = read_findings_input(directory)
     seeds = ",".join(str(k) for k in sorted(runs["seed"].unique()))

@@ -35,9 +35,9 @@ import yaml
 
 from .core import paths
 from .core.registry import updates_per_batch
-from . import paper as P
-from .intervals import interval_text, number
-from .tables import write_table
+from .report import paper as P
+from .report.intervals import interval_text, number
+from .report.tables import write_table
 from .core.util import atomic_save, atomic_write_text, log
 
 KEY = ["model", "theta", "sampler", "correction"]  # one fit per key
@@ -220,7 +220,7 @@ def plot_scaling(rungs: pd.DataFrame, cells: pd.DataFrame, out: Path, name: str)
     dashed out to T*) in its band β_lo·T … β_hi·T, the paper's multiple − 1 as a star at T*. A rung
     with M − 1 ≤ 0 (at or below the floor) is a triangle on the lower edge; band edges ≤ 0 are
     clipped there. A title says what is plotted; one legend beside the panels."""
-    from .figures import _legend, _panels, _ref_handle, _save, _title, correction_styles
+    from .report.figures import _legend, _panels, _ref_handle, _save, _title, correction_styles
 
     panels = list(cells.groupby(["model", "theta", "sampler"], sort=False))
     fig, axes = _panels(1, max(len(panels), 1), w=4.6, h=3.9)

@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from conftest import ROOT, SMOKE
-from dlcrepro import analysis
+from dlcrepro.report import analysis
 from dlcrepro.core import registry
 from dlcrepro.core.config import ConfigError, TrainConfig, build, load
 from dlcrepro.step.corrections import (

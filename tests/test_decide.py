@@ -14,7 +14,7 @@ import yaml
 
 from conftest import ROOT, SMOKE
 from dlcrepro import decide as D
-from dlcrepro import findings as F
+from dlcrepro.report import findings as F
 from dlcrepro.cluster import load_merged
 from dlcrepro.core.config import ConfigError
 from dlcrepro.core.grid import SAMPLERS
@@ -148,7 +148,7 @@ def test_the_gpu_hour_cap_stops_the_looks_before_a_batch_that_would_pass_it():
 
 def test_the_adapter_reads_todays_findings_table_pooled_over_every_seed():
     """pooled_verdicts on the findings table of the committed study's findings input."""
-    from dlcrepro.tables import read_findings_input
+    from dlcrepro.report.tables import read_findings_input
 
     steps, runs = read_findings_input(ROOT / "paper_tables")
     seeds = ",".join(str(k) for k in sorted(runs["seed"].unique()))

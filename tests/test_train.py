@@ -296,7 +296,7 @@ def test_a_run_that_diverges_ends_as_a_recorded_outcome_the_tables_name(tiny_mod
     """A learning rate near float32's largest value overflows θ within the smoke config's 4 steps:
     the cell finishes (exit 0, the workflow goes on) with its rows before the divergence, the step
     it diverged at, and final accuracy 0; the accuracy and zoo tables name the run."""
-    from dlcrepro import analysis, tables
+    from dlcrepro.report import analysis, tables
 
     out = tmp_path / "tiny" / "stale" / "pg" / "seed0"
     p = run(train_cmd(tiny_model_dir, out, "stale", "pg", "train.lr=3.0e+38"))

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, SMOKE, fake_hf_cache
-from dlcrepro import outputs
+from dlcrepro.report import outputs
 from dlcrepro.cluster import (calibration_path, load_merged, measurements, pilot_cells, project, projection_error_totals,
                               projection_errors)
 from dlcrepro.cluster.calibrate import PILOT_STEPS, phase_rates

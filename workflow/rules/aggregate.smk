@@ -1,5 +1,5 @@
 # Cheap local rules: per-step tables of all cells -> aggregates -> tables and figures (each one
-# dlcrepro/outputs.py lists, with its report caption) -> whether they reproduce the committed study.
+# dlcrepro/report/outputs.py lists, with its report caption) -> whether they reproduce the committed study.
 # `publish` (never in the default target) copies a finished run over the committed study.
 # Rerun one alone with e.g. `snakemake --forcerun figures figures/ess.png`.
 

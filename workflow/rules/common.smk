@@ -14,7 +14,8 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 # The package's torch-free modules, from this checkout (the Snakemake env need not have it installed).
 sys.path.insert(0, str(Path(workflow.basedir).resolve()))
-from dlcrepro import cluster, decide, outputs
+from dlcrepro import cluster, decide
+from dlcrepro.report import outputs
 from dlcrepro.core import procs, tracking
 from dlcrepro.core.config import ConfigError
 from dlcrepro.core.config import build as build_config
@@ -324,7 +325,7 @@ PILOT_SET = " ".join(f"--set {k}={v}" for k, v in cluster.PILOT_OVERRIDES.items(
 
 
 # ----------------------------------------------------------------------------- the outputs
-# Every table and figure, their files and their report captions: dlcrepro/outputs.py, the one list.
+# Every table and figure, their files and their report captions: dlcrepro/report/outputs.py, the one list.
 
 
 def output_files(items, directory):
@@ -367,7 +368,7 @@ def reported_files(items, directory):
 
 
 def reproduction_report():
-    """The `reproduce` rule's report: this run against the committed study (dlcrepro/reproduce.py)."""
+    """The `reproduce` rule's report: this run against the committed study (dlcrepro/report/reproduce.py)."""
     return f"{TABLES}/{outputs.REPRODUCTION_REPORT}"
 
 
@@ -525,7 +526,7 @@ def other_machine_findings():
 
 def committed_findings_input():
     """The committed findings inputs that `reproduce` compares this run with -- the committed
-    study's own and each other CPU kind's (dlcrepro/reproduce.py picks the one of this CPU's kind)."""
+    study's own and each other CPU kind's (dlcrepro/report/reproduce.py picks the one of this CPU's kind)."""
     if not COMMITTED_TABLES:
         return []
     own = outputs.findings_input_files(COMMITTED_TABLES)

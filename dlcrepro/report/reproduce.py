@@ -234,7 +234,7 @@ def write_report(run_dir: Path | str, committed_dir: Path | str | None, out_md: 
     `out_md` and the figure `reproduce.{png,pdf}` in `out_figure_dir`. Nothing committed (no
     directory given, or none holding a findings input) is said in the report, not raised."""
     from .figures import save_reproduction
-    from .core.util import atomic_write_text
+    from ..core.util import atomic_write_text
 
     run = read_study(run_dir)
     if not committed_dir:

@@ -14,9 +14,9 @@ from . import analysis as A
 from . import outputs
 from . import paper as P
 from .findings import across_machines, findings_from_input, findings_input, replicates_not_run
-from .core.grid import lagged_samplers
+from ..core.grid import lagged_samplers
 from .intervals import interval_text, number
-from .core.util import DamagedFileError, atomic_write_text
+from ..core.util import DamagedFileError, atomic_write_text
 
 # The paper's numbers beside ours, as text, from paper.py (their one home). The paper does not say
 # which model F3–F7 and F10 refer to, so they stand beside every model's cell; F8's 1.9x is Qwen3-0.6B's.

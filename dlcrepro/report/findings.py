@@ -43,7 +43,7 @@ import pandas as pd
 from . import analysis as A
 from . import intervals as I
 from . import paper as P
-from .core.grid import SAMPLERS
+from ..core.grid import SAMPLERS
 from .intervals import number
 from .sequential import DESIGN, Design
 

@@ -16,7 +16,7 @@ import pandas as pd
 import yaml
 
 from .intervals import t_interval
-from .core.registry import resync_corrections
+from ..core.registry import resync_corrections
 
 RUN = ["model", "sampler", "correction", "seed"]
 CELL = ["model", "sampler", "correction"]
@@ -60,7 +60,7 @@ def metrics_problem(cell_dir: Path) -> str | None:
         return "metrics.parquet is missing"
     want = s.get("metrics_file")
     if want:
-        from .core.util import file_digest
+        from ..core.util import file_digest
 
         got = file_digest(m)
         if got != {k: want.get(k) for k in ("bytes", "sha256")}:
@@ -89,7 +89,7 @@ def collect(summary_paths: Iterable[str | Path], rerun: str | None = None) -> tu
     how their test accuracy was measured where the cell's config.yaml says (`eval_setting`). Every
     cell is checked first (`metrics_problem`): a damaged one stops it with DamagedFileError naming
     each such cell and the line that reruns them (`rerun`: the snakemake command that made them)."""
-    from .core.util import DamagedFileError
+    from ..core.util import DamagedFileError
 
     summary_paths = [Path(p) for p in summary_paths]
     problems = {p.parent: why for p in summary_paths if (why := metrics_problem(p.parent))}

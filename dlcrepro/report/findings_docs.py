@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .core.util import atomic_write_text
+from ..core.util import atomic_write_text
 
 # verdict categories in the order a count lists them (findings.findings_table's `verdict`); the others
 # are the words of tables written before the pooled verdict (two groups of seeds judged apart, a finding

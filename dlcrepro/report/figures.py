@@ -39,9 +39,9 @@ from . import analysis as A  # noqa: E402
 from . import outputs  # noqa: E402
 from . import paper as P  # noqa: E402
 from .intervals import t_interval  # noqa: E402
-from .core.grid import SAMPLERS, lagged_samplers  # noqa: E402
-from .core.registry import CORRECTION_INFO  # noqa: E402
-from .core.util import atomic_save  # noqa: E402
+from ..core.grid import SAMPLERS, lagged_samplers  # noqa: E402
+from ..core.registry import CORRECTION_INFO  # noqa: E402
+from ..core.util import atomic_save  # noqa: E402
 
 LAGGED = lagged_samplers()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import outputs
-from .core.util import atomic_write_bytes
+from ..core.util import atomic_write_bytes
 
 
 def published_files(tables_from: Path | str, figures_from: Path | str) -> list[Path]:
