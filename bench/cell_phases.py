@@ -51,7 +51,7 @@ def main() -> None:
     from dlcrepro.core.paths import model_dir
     from dlcrepro.step.engine import VLLMEngine
     from dlcrepro.step.model import load_model, load_tokenizer
-    from dlcrepro.celldir import run_cell
+    from dlcrepro.study.celldir import run_cell
     from dlcrepro.core.phases import PHASES
 
     cfg = config_mod.load(args.config, {"train.steps": args.steps})

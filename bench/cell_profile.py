@@ -119,7 +119,7 @@ def main() -> None:
 
     from dlcrepro.core import config as config_mod
     from dlcrepro.core.paths import model_dir
-    from dlcrepro.celldir import run_cell
+    from dlcrepro.study.celldir import run_cell
     from dlcrepro.step.train import PHASES
 
     torch.set_num_threads(args.threads)

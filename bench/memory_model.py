@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from dlcrepro import gpu_check  # noqa: E402
 from dlcrepro.core.arch import QWEN3_ARCH  # noqa: E402
-from dlcrepro.rehearsal import REHEARSAL_ARCH  # noqa: E402
+from dlcrepro.study.rehearsal import REHEARSAL_ARCH  # noqa: E402
 
 ARCHS = {"rehearsal": REHEARSAL_ARCH, **QWEN3_ARCH}
 PAPER_CORRECTIONS = ("pg", "center", "is", "is_center", "ppo", "dlc", "is_resync")

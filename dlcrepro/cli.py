@@ -28,7 +28,7 @@ def _load(args):
 
 
 def cmd_warmstart(args) -> int:
-    from .warmstart import warmstart
+    from .study.warmstart import warmstart
 
     cfg = _load(args)
     warmstart(cfg, args.model, Path(args.out) if args.out else None)
@@ -50,7 +50,7 @@ def cmd_train(args) -> int:
         return status
     from .core.config import load
     from .core.tracking import from_env
-    from .celldir import run_cell
+    from .study.celldir import run_cell
 
     # the workflow hands its jobs the study's tracking section in the environment: no part of the
     # job's config file, whose changes rerun the cell
@@ -67,8 +67,8 @@ def cmd_rollouts(args) -> int:
     status = _via_server(args)
     if status is not None:
         return status
-    from .rollouts import write_rollouts
-    from .celldir import cell_model_dir
+    from .study.rollouts import write_rollouts
+    from .study.celldir import cell_model_dir
 
     cfg = _load(args)
     write_rollouts(cfg, args.model, args.sampler, args.seed, Path(args.out), cell_model_dir(cfg, args.model, args.model_dir),
@@ -80,8 +80,8 @@ def cmd_initial_eval(args) -> int:
     status = _via_server(args)
     if status is not None:
         return status
-    from .initial_eval import write_initial_eval
-    from .celldir import cell_model_dir
+    from .study.initial_eval import write_initial_eval
+    from .study.celldir import cell_model_dir
 
     cfg = _load(args)
     write_initial_eval(cfg, args.model, args.seed, Path(args.out), cell_model_dir(cfg, args.model, args.model_dir))
@@ -108,7 +108,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_sample(args) -> int:
-    from .probe import sample_report
+    from .study.probe import sample_report
 
     cfg = _load(args)
     rows = sample_report(cfg, args.model, args.prompts, args.n, args.seed, model_dir=args.model_dir)
@@ -165,7 +165,7 @@ def cmd_look(args) -> int:
     """One look of `snakemake decide`: the findings of the look's runs, pooled, and the next batch."""
     import pandas as pd
 
-    from .decide import Design, findings_of_look, next_look, pooled_verdicts
+    from .study.decide import Design, findings_of_look, next_look, pooled_verdicts
     from .core.util import atomic_write_text
 
     design = json.loads(Path(args.design).read_text())
@@ -183,7 +183,7 @@ def cmd_look(args) -> int:
 
 
 def cmd_decide_summary(args) -> int:
-    from .decide import summary_markdown
+    from .study.decide import summary_markdown
     from .core.util import atomic_write_text
 
     looks = sorted((json.loads(Path(p).read_text()) for p in args.looks), key=lambda x: x["look"])
@@ -232,7 +232,7 @@ def cmd_figures(args) -> int:
 
 
 def cmd_scan(args) -> int:
-    from .scan import read_raw, run_scan, write_report
+    from .study.scan import read_raw, run_scan, write_report
 
     if args.redraw:
         tables_out, figures_out = args.tables_out or args.out, args.figures_out or args.out
@@ -271,7 +271,7 @@ def decide_plan_lines(cfg, source: str | None) -> list[str]:
     """The plan's section on `snakemake decide`: at the cap, and expected from a study's findings input
     (--decide-findings DIR; by default the first that holds one of the config's committed study, its
     tables_dir, and the tiny study's committed tables, paper_tables: the only spreads measured so far)."""
-    from .decide import expected_from, plan_lines
+    from .study.decide import expected_from, plan_lines
     from .report.outputs import FINDINGS_INPUT
 
     candidates = [source] if source else [d for d in (cfg.committed_tables_dir, cfg.tables_dir, "paper_tables") if d]
@@ -323,7 +323,7 @@ def calibrate_plan(cfg, results: Path, earlier: str | None) -> None:
 
 
 def cmd_rehearsal(args) -> int:
-    from .rehearsal import build
+    from .study.rehearsal import build
     from .core.util import atomic_write_text
 
     summary = build(Path(args.cache) if args.cache else None, warmstart_steps=args.warmstart_steps)

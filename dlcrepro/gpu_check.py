@@ -250,7 +250,7 @@ def check_cell(dev: torch.device, tmp: Path) -> str:
     _need("transformers")
     _need("vllm")
     from .core.config import load
-    from .celldir import run_cell
+    from .study.celldir import run_cell
 
     root = Path(__file__).resolve().parent.parent
     over = {

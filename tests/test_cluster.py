@@ -209,7 +209,7 @@ def test_one_job_resources_function_by_job_kind():
 @pytest.fixture(scope="module")
 def untrained_tiny(tmp_path_factory):
     """The smoke config's tiny model after one warm-start step: answers to count, not to score."""
-    from dlcrepro.warmstart import warmstart
+    from dlcrepro.study.warmstart import warmstart
 
     out = tmp_path_factory.mktemp("tiny")
     warmstart(load(SMOKE, {"models.tiny.warmstart.steps": 1}), "tiny", out)
@@ -446,7 +446,7 @@ def gpu_config(**gpu):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch has no CUDA device")
 def test_a_gpu_config_stops_before_anything_loads_naming_the_environment_and_the_fix(tmp_path, monkeypatch):
-    from dlcrepro import celldir
+    from dlcrepro.study import celldir
     from dlcrepro.step import train
 
     def must_not_run(*a, **k):
@@ -497,7 +497,7 @@ def test_a_job_finds_an_hf_model_given_by_its_id(tmp_path, monkeypatch):
     """The workflow hands a paper job `--model-dir Qwen/Qwen3-0.6B` (the config's path): the job
     finds its snapshot in the local cache, and a model missing there is an error saying how to fetch it."""
     from dlcrepro.core.config import ConfigError
-    from dlcrepro.celldir import cell_model_dir
+    from dlcrepro.study.celldir import cell_model_dir
 
     cfg = cluster.load_merged([str(PAPER)])
     monkeypatch.setenv("HF_HUB_CACHE", str(fake_hf_cache(tmp_path / "hub", models=PAPER_MODELS[:1], datasets=())))

@@ -1,4 +1,4 @@
-"""The sequential design (`snakemake decide`, dlcrepro/decide.py): which cells the next look trains
+"""The sequential design (`snakemake decide`, dlcrepro/study/decide.py): which cells the next look trains
 given a findings table, where it stops, the workflow's checkpoint, and the plan's price of it."""
 
 import json
@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, SMOKE
-from dlcrepro import decide as D
+from dlcrepro.study import decide as D
 from dlcrepro.report import findings as F
 from dlcrepro.cluster import load_merged
 from dlcrepro.core.config import ConfigError
@@ -172,7 +172,7 @@ def test_the_plan_prices_each_look_of_the_paper_at_the_cap_and_as_expected():
     rows = [re.match(r"\s+(\d+)\s+(\d+)\s+(\d+) cells\s+([\d.]+)\s+(\d+) cells\s+([\d.]+)", x) for x in lines]
     rows = [r.groups() for r in rows if r]
     assert [int(r[1]) for r in rows] == [6, 9, 12, 15, 18, 21]
-    # at the cap: every cell a spendable finding reads (dlcrepro/decide.py CELLS_READ) that the paper's grid
+    # at the cap: every cell a spendable finding reads (dlcrepro/study/decide.py CELLS_READ) that the paper's grid
     # has x 2 models x 3 seeds a look
     from dlcrepro import cluster
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dlcrepro.step import diagnostics as d
-from dlcrepro.celldir import summarize
+from dlcrepro.study.celldir import summarize
 from dlcrepro.step.learner import advantages
 from dlcrepro.step.train import Cell
 

@@ -79,7 +79,7 @@ def test_equal_cells_give_identical_metrics_and_the_second_is_a_copy(tiny_model_
     script = f"""
 from pathlib import Path
 from dlcrepro.core.config import load
-from dlcrepro.celldir import run_cell
+from dlcrepro.study.celldir import run_cell
 cfg = load({str(SMOKE)!r})
 root = Path({str(tmp_path)!r})
 for sampler, first, second in {pairs!r}:
@@ -105,7 +105,7 @@ for sampler, first, second in {pairs!r}:
 
 
 def test_a_source_run_under_another_config_is_not_copied(tmp_path, smoke_cfg):
-    from dlcrepro.celldir import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, finished_as
+    from dlcrepro.study.celldir import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, finished_as
 
     meta = {"model": "tiny", "sampler": "stale", "correction": "pg", "seed": 0, "model_dir": "m"}
     src = tmp_path / "pg"

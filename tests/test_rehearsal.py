@@ -172,7 +172,7 @@ def copy_with(snap: Path, dest: Path, **files: dict) -> Path:
 
 @pytest.mark.engine
 def test_rehearsal_checkpoint_files_are_in_the_form_the_hub_ships_qwen3(rehearsal_cache):
-    from dlcrepro.rehearsal import CHAT_TEMPLATE, END_THINK, ENDOFTEXT, IM_END, IM_START, THINK
+    from dlcrepro.study.rehearsal import CHAT_TEMPLATE, END_THINK, ENDOFTEXT, IM_END, IM_START, THINK
 
     snap = snapshot(rehearsal_cache)
     assert sorted(p.name for p in snap.iterdir()) == [
@@ -206,7 +206,7 @@ def test_the_tokenizer_encodes_alike_as_qwen2tokenizer_from_its_json_or_its_voca
 
     from dlcrepro.step import countdown, data
     from dlcrepro.step.model import load_tokenizer
-    from dlcrepro.rehearsal import rehearsal_problems
+    from dlcrepro.study.rehearsal import rehearsal_problems
 
     snap = snapshot(rehearsal_cache)
     tok = load_tokenizer(snap)
@@ -257,7 +257,7 @@ def teacher_forcing_batch(snap: Path, n: int = 8) -> tuple[list[list[int]], list
     """(prompts, worked answers) of the first `n` data set rows, as token ids: likely tokens after the warm start."""
     from dlcrepro.step import countdown, data
     from dlcrepro.step.model import load_tokenizer
-    from dlcrepro.rehearsal import rehearsal_problems
+    from dlcrepro.study.rehearsal import rehearsal_problems
 
     tok = load_tokenizer(snap)
     problems = rehearsal_problems()[:n]
@@ -309,7 +309,7 @@ def test_qwen3s_sampling_defaults_in_generation_config_change_nothing_the_engine
 
     from dlcrepro.core.config import EngineConfig
     from dlcrepro.step.engine import VLLMEngine
-    from dlcrepro.rehearsal import QWEN3_SAMPLING_DEFAULTS
+    from dlcrepro.study.rehearsal import QWEN3_SAMPLING_DEFAULTS
 
     snap = snapshot(rehearsal_cache)
     gen = json.loads((snap / "generation_config.json").read_text())

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import ROOT, SMOKE
-from dlcrepro import initial_eval, rollouts
+from dlcrepro.study import initial_eval, rollouts
 from dlcrepro.step import kernels, stamped, weights
 from dlcrepro.core.config import ConfigError
 from dlcrepro.step.engine import Rollout

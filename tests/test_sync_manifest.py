@@ -400,7 +400,7 @@ def test_the_growth_baseline_is_saved_and_a_resumed_run_keeps_it(trainer, tmp_pa
     """The checkpoint holds the baselines; a run resumed from it (start_or_resume, which pushes θ_s
     again and checks it) judges the next failed check against the same baselines as the run that
     went on uninterrupted."""
-    from dlcrepro.celldir import start_or_resume
+    from dlcrepro.study.celldir import start_or_resume
     from dlcrepro.step.train import Cell
 
     saved = {"sampler": 0.25, "probe": 0.5}  # as if the last matched versions had these largest |w|

@@ -344,7 +344,7 @@ def test_a_finished_run_is_still_copied_after_the_trackers_change(tmp_path, smok
     import yaml
 
     from dlcrepro.core.config import to_dict
-    from dlcrepro.celldir import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, finished_as
+    from dlcrepro.study.celldir import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, finished_as
 
     meta = {"model": "tiny", "sampler": "stale", "correction": "pg", "seed": 0, "model_dir": "m"}
     (tmp_path / METRICS_FILE).write_bytes(b"x")

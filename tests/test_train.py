@@ -374,7 +374,7 @@ def test_a_seeds_initial_eval_gives_a_cell_the_accuracies_it_measures_itself(tin
 
 
 def test_a_damaged_initial_eval_file_is_named(tmp_path, smoke_cfg):
-    from dlcrepro import initial_eval
+    from dlcrepro.study import initial_eval
     from dlcrepro.core.util import DamagedFileError
 
     path = tmp_path / "seed0.json"
@@ -386,7 +386,7 @@ def test_a_damaged_initial_eval_file_is_named(tmp_path, smoke_cfg):
 def test_a_rollouts_file_without_the_top_k_a_correction_reads_is_refused(tmp_path, smoke_cfg):
     import torch
 
-    from dlcrepro import rollouts
+    from dlcrepro.study import rollouts
     from dlcrepro.core.config import ConfigError
     from dlcrepro.step.engine import Rollout
 

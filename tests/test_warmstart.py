@@ -3,7 +3,7 @@ import math
 import pytest
 
 from dlcrepro.core.config import ConfigError, load
-from dlcrepro.warmstart import lr_factor
+from dlcrepro.study.warmstart import lr_factor
 
 
 def test_lr_schedule_warms_up_linearly_then_follows_the_cosine_to_lr_final():
@@ -35,7 +35,7 @@ def test_the_worked_format_round_trips_through_the_tiny_tokenizer_and_scores_plu
     from dlcrepro.step import countdown
     from dlcrepro.step.countdown import Problem
     from dlcrepro.step.model import build_tokenizer
-    from dlcrepro.warmstart import answer_text
+    from dlcrepro.study.warmstart import answer_text
 
     tok = build_tokenizer("worked")
     assert len(tok) == 32  # the tiny arch's vocab_size

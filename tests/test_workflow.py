@@ -343,7 +343,7 @@ def test_smoke_pilot_calibration_then_the_pipeline_end_to_end_then_one_cell_reru
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
     assert "train" not in jobs and jobs.get("figures") == "1", p.stdout + p.stderr
 
-    # the lagged samplers' cells read their shared rollouts (dlcrepro/rollouts.py), one file each
+    # the lagged samplers' cells read their shared rollouts (dlcrepro/study/rollouts.py), one file each
     assert len(list((out["results_dir"] / "_rollouts" / "tiny").glob("*/seed0.pt"))) == 2
     assert "read from" in (out["results_dir"] / "tiny" / "stale" / "pg" / "seed0" / "train.log").read_text()
 

@@ -14,7 +14,8 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 # The package's torch-free modules, from this checkout (the Snakemake env need not have it installed).
 sys.path.insert(0, str(Path(workflow.basedir).resolve()))
-from dlcrepro import cluster, decide
+from dlcrepro import cluster
+from dlcrepro.study import decide
 from dlcrepro.report import outputs
 from dlcrepro.core import procs, tracking
 from dlcrepro.core.config import ConfigError
@@ -84,7 +85,7 @@ CELLS = grid_cells()
 CELL_KEYS = {(c["model"], c["sampler"], c["correction"], c["seed"]) for c in CELLS}
 # `snakemake decide` trains cells of seeds past grid.seeds (decide.cap_seeds): such a cell is the cell
 # the grid would have with that seed, so its copy source and its rollouts' top-k are read from the
-# grid widened to those seeds (dlcrepro/decide.py); for grid.seeds it is the grid itself.
+# grid widened to those seeds (dlcrepro/study/decide.py); for grid.seeds it is the grid itself.
 DECIDE_CFG = decide.widened(CFG)
 DECIDE_SEEDS = DECIDE_CFG.grid.seeds
 WIDE_KEYS = {(c.model, c.sampler, c.correction, c.seed) for c in cluster.grid_cells(DECIDE_CFG)}
@@ -109,7 +110,7 @@ def rollouts_file(model, sampler, seed):
 
 
 def shares_rollouts(model, sampler):
-    """Whether the cells of this sampler share their first steps' batches (dlcrepro/rollouts.py)."""
+    """Whether the cells of this sampler share their first steps' batches (dlcrepro/study/rollouts.py)."""
     t = CFG.train_for(model)
     return get_sampler(sampler).shared_steps(t.steps, t.sync_every) > 0
 
@@ -132,7 +133,7 @@ def initial_eval_file(model, seed):
 
 
 def initial_eval_input(wildcards):
-    """θ_0's evaluation a training cell reads (dlcrepro/initial_eval.py); none for a cell that copies
+    """θ_0's evaluation a training cell reads (dlcrepro/study/initial_eval.py); none for a cell that copies
     another's run."""
     w = wildcards
     return [] if same_cell(w) is not None else [initial_eval_file(w.model, w.seed)]
@@ -564,7 +565,7 @@ def other_machine_args(files):
 
 
 # ----------------------------------------------------------------------------- the decide run
-# `snakemake decide` (workflow/rules/decide.smk, dlcrepro/decide.py): a checkpoint per look; each
+# `snakemake decide` (workflow/rules/decide.smk, dlcrepro/study/decide.py): a checkpoint per look; each
 # look reads the cells the previous look read and the batch it asked for.
 DECIDE = f"{RESULTS}/_decide"
 

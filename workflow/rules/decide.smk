@@ -1,4 +1,4 @@
-# `snakemake decide`: the sequential design (dlcrepro/decide.py, docs/workflow.md). Look 0 reads the
+# `snakemake decide`: the sequential design (dlcrepro/study/decide.py, docs/workflow.md). Look 0 reads the
 # grid's cells (grid.seeds); each look is a checkpoint that computes the findings pooled over the
 # seeds so far and names the cells the next batch of seeds trains, for the undecided findings only;
 # the next look reads those too. The looks end when every finding is decided or stopped, or at the

@@ -1,4 +1,4 @@
-# The noise-floor multiple against batch size at the warm start (dlcrepro/scan.py). Not part of the
+# The noise-floor multiple against batch size at the warm start (dlcrepro/study/scan.py). Not part of the
 # default target: `snakemake scaling`. One scan job per model and sampler; the table and figure of
 # this scan are drawn from its raw rows into results/scaling/, beside them. The committed
 # paper_tables/scaling.* and figures/scaling.* combine three scans (docs/results.md) and are

@@ -33,16 +33,16 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from .core import paths
-from .core.registry import updates_per_batch
-from .report import paper as P
-from .report.intervals import interval_text, number
-from .report.tables import write_table
-from .core.util import atomic_save, atomic_write_text, log
+from ..core import paths
+from ..core.registry import updates_per_batch
+from ..report import paper as P
+from ..report.intervals import interval_text, number
+from ..report.tables import write_table
+from ..core.util import atomic_save, atomic_write_text, log
 
 KEY = ["model", "theta", "sampler", "correction"]  # one fit per key
 RAW_FILE = "scan.parquet"
-PAPER_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "paper.yaml"
+PAPER_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "paper.yaml"
 # The paper's mean response length in tokens: an assumption. paper.yaml records the budget
 # (engine.max_tokens: 1024), not the length, and config.py refuses keys it does not know.
 ASSUMED_RESPONSE_TOKENS = 300.0
@@ -220,7 +220,7 @@ def plot_scaling(rungs: pd.DataFrame, cells: pd.DataFrame, out: Path, name: str)
     dashed out to T*) in its band β_lo·T … β_hi·T, the paper's multiple − 1 as a star at T*. A rung
     with M − 1 ≤ 0 (at or below the floor) is a triangle on the lower edge; band edges ≤ 0 are
     clipped there. A title says what is plotted; one legend beside the panels."""
-    from .report.figures import _legend, _panels, _ref_handle, _save, _title, correction_styles
+    from ..report.figures import _legend, _panels, _ref_handle, _save, _title, correction_styles
 
     panels = list(cells.groupby(["model", "theta", "sampler"], sort=False))
     fig, axes = _panels(1, max(len(panels), 1), w=4.6, h=3.9)
@@ -285,7 +285,7 @@ def _place(tr, checkpoint: str | Path | None):
     both at the model directory's weights, or the checkpoint's `policy` (θ_t) and `sampler` (θ_s; a
     sampler synced before every step takes θ_t, as the run's next step would). The probe engine
     holds θ_t. Returns the run's Cell (step, sampler_version)."""
-    from .step.train import Cell
+    from ..step.train import Cell
 
     cell = tr.load_checkpoint(Path(checkpoint)) if checkpoint else Cell()
     if tr.sampler.always_synced:
@@ -298,7 +298,7 @@ def _place(tr, checkpoint: str | Path | None):
 
 def _draw_prompts(tr, n: int, seed: int) -> tuple[list[int], list[list[int]]]:
     """`n` distinct problems of the run's RL pool and their prompt ids, as Trainer.prompts_for draws them."""
-    from .step import data
+    from ..step import data
 
     rng = np.random.default_rng(seed)
     idx = rng.choice(len(tr.rl_problems), size=n, replace=False).tolist()
@@ -311,8 +311,8 @@ def _repetition(tr, synced: bool, corrections: list[str], n: int, rep: int, seed
     sample → score → log-probs → probe → correction, without the update). One row per correction,
     with the step row's metrics (diagnostics.STEP_METRICS: the batch's, and the probe step's with
     that correction's direction)."""
-    from .step.diagnostics import step_metrics
-    from .core.seeds import derive_seed
+    from ..step.diagnostics import step_metrics
+    from ..core.seeds import derive_seed
 
     t0 = time.perf_counter()
     tag, k = f"scan/{n}", tr.tcfg.responses_per_prompt
@@ -352,10 +352,10 @@ def scan(cfg, model: str, sampler: str, corrections: list[str], prompts: list[in
     with train.updates_per_batch > 1) needs updates and is refused."""
     import torch
 
-    from .core.config import ConfigError
-    from .step.corrections import get_correction
-    from .core.registry import UnknownNameError
-    from .step.train import Trainer
+    from ..core.config import ConfigError
+    from ..step.corrections import get_correction
+    from ..core.registry import UnknownNameError
+    from ..step.train import Trainer
 
     if model not in cfg.models:
         raise UnknownNameError(f"unknown model {model!r}; known: {sorted(cfg.models)}")

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from .step import stamped
-from .core.config import Config, to_dict
-from .core.grid import probe_engine_sampler
-from .step.train import Trainer
-from .core.util import log
+from ..step import stamped
+from ..core.config import Config, to_dict
+from ..core.grid import probe_engine_sampler
+from ..step.train import Trainer
+from ..core.util import log
 
 FORMAT = 1  # bump when the file's layout changes
 
@@ -48,7 +48,7 @@ def identity(cfg: Config, model: str, seed: int, model_dir: Path) -> dict:
 def write_initial_eval(cfg: Config, model: str, seed: int, out: Path, model_dir: Path) -> dict:
     """Evaluate θ_0 as a cell of `seed` does and save its accuracies with their identity to `out`;
     returns the accuracies."""
-    from .cluster import check_device
+    from ..cluster import check_device
 
     check_device(cfg, model)  # a GPU job on a CPU torch stops here, as a training job does
     torch.manual_seed(seed)  # as train_cell seeds before it builds its Trainer

@@ -20,9 +20,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .core.config import Config, ConfigError
-from .core.registry import CORRECTION_INFO, resync_corrections
-from .report.sequential import Design
+from ..core.config import Config, ConfigError
+from ..core.registry import CORRECTION_INFO, resync_corrections
+from ..report.sequential import Design
 
 MAX_LOOKS = 7  # Snakemake re-evaluates the DAG after each checkpoint: a handful of looks, not dozens
 
@@ -104,8 +104,8 @@ def design_file(cfg: Config) -> dict:
     grid's cells (model/sampler/correction), which of them copy another's run, and the cost model's
     GPU-minutes of each job a batch can add (None where a model is not in it). Written by the
     workflow as <results_dir>/_decide/design.json."""
-    from .cluster import (copy_source, estimated_minutes, grid_cells, initial_eval_minutes, job_resources, rollouts_minutes)
-    from .core.grid import get_sampler
+    from ..cluster import (copy_source, estimated_minutes, grid_cells, initial_eval_minutes, job_resources, rollouts_minutes)
+    from ..core.grid import get_sampler
 
     d = design_of(cfg)
     wide = widened(cfg)
@@ -142,7 +142,7 @@ def design_file(cfg: Config) -> dict:
 
 
 def gpu_of(cfg: Config, model: str) -> int:
-    from .cluster import job_resources
+    from ..cluster import job_resources
 
     return job_resources(cfg, model)["gpu"]
 
@@ -206,7 +206,7 @@ def pooled_verdicts(table):
 
 
 def findings_rules() -> str:
-    from .report.findings import RULES_COMMIT
+    from ..report.findings import RULES_COMMIT
 
     return RULES_COMMIT
 
@@ -214,7 +214,7 @@ def findings_rules() -> str:
 def findings_of_look(steps, runs, design: Design):
     """The findings table of a look's runs, pooled over every seed that ran, each interval at the
     design's level (Bonferroni over its planned looks)."""
-    from .report.findings import findings_table
+    from ..report.findings import findings_table
 
     return findings_table(steps, runs, design=design)
 
@@ -224,8 +224,8 @@ def expected_from(directory) -> dict[str, tuple[str, float]]:
     findings_steps.csv and findings_runs.csv), pooled over all its seeds as a look pools them; a
     finding of several models keeps its largest projection. What the plan's "expected" column
     assumes the decide run will see."""
-    from .report.findings import findings_from_input
-    from .report.tables import read_findings_input
+    from ..report.findings import findings_from_input
+    from ..report.tables import read_findings_input
 
     steps, runs = read_findings_input(directory)
     seeds = ",".join(str(k) for k in sorted(runs["seed"].unique()))
@@ -341,7 +341,7 @@ def _seeds_per_cell(cells) -> dict[str, list[int]]:
 
 def first_look_cells(cfg: Config) -> list[str]:
     """Look 0 reads the grid as run: every cell of grid.seeds."""
-    from .cluster import grid_cells
+    from ..cluster import grid_cells
 
     return [c.name for c in grid_cells(cfg)]
 

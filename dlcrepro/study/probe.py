@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import torch
 
-from .step import data
-from .core import paths
-from .core.config import Config
-from .step.diagnostics import stats
-from .step.engine import VLLMEngine
-from .core.grid import SAMPLERS
-from .step.model import load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
+from ..step import data
+from ..core import paths
+from ..core.config import Config
+from ..step.diagnostics import stats
+from ..step.engine import VLLMEngine
+from ..core.grid import SAMPLERS
+from ..step.model import load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
 
 
 def sample_report(cfg: Config, model: str, n_prompts: int, n: int, seed: int, model_dir: str | None = None) -> list[dict]:

@@ -29,22 +29,22 @@ import pandas as pd
 import torch
 import yaml
 
-from .report import analysis
+from ..report import analysis
 from . import rollouts
-from .step import checkpoint, divergence, stamped
-from .core import paths, procs, tracking
-from .cluster import check_device
-from .core.config import Config, ConfigError
-from .step.corrections import get_correction
-from .step.diagnostics import EVAL_COLUMNS, metric_columns
-from .core.grid import computed_as, get_sampler
+from ..step import checkpoint, divergence, stamped
+from ..core import paths, procs, tracking
+from ..cluster import check_device
+from ..core.config import Config, ConfigError
+from ..step.corrections import get_correction
+from ..step.diagnostics import EVAL_COLUMNS, metric_columns
+from ..core.grid import computed_as, get_sampler
 from .initial_eval import identity as initial_identity
 from .initial_eval import load_initial_eval
-from .core.preload import import_job_modules
-from .core.procs import pause_point
-from .core.registry import UnknownNameError, engine_topk
-from .step.train import Cell, Trainer, train_steps
-from .core.util import DamagedFileError, atomic_save, atomic_write_text, disk_full, log, remove_leftovers
+from ..core.preload import import_job_modules
+from ..core.procs import pause_point
+from ..core.registry import UnknownNameError, engine_topk
+from ..step.train import Cell, Trainer, train_steps
+from ..core.util import DamagedFileError, atomic_save, atomic_write_text, disk_full, log, remove_leftovers
 
 METRICS_FILE, SUMMARY_FILE, CONFIG_FILE, CKPT_FILE, LOG_FILE, FINISHED_FILE = (
     "metrics.parquet",
@@ -302,7 +302,7 @@ def write_metrics(out: Path, rows: list[dict]) -> dict:
 def code_digest() -> str:
     """sha256 of the package's source (every dlcrepro/**/*.py, by path and bytes): the code a finished
     record was computed by."""
-    root = Path(__file__).parent
+    root = Path(__file__).parents[1]  # dlcrepro/, above this layer's folder
     h = hashlib.sha256()
     for f in sorted(root.rglob("*.py")):
         h.update(f"{f.relative_to(root)}\0".encode() + f.read_bytes() + b"\0")

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .step import countdown
-from .core.arch import QWEN3_COMMON
-from .core.config import WarmstartConfig
-from .step.countdown import Problem
-from .core.paths import REHEARSAL_DATASET, REHEARSAL_MODEL, cache_repo_dir, hf_hub_cache
-from .core.util import log
+from ..step import countdown
+from ..core.arch import QWEN3_COMMON
+from ..core.config import WarmstartConfig
+from ..step.countdown import Problem
+from ..core.paths import REHEARSAL_DATASET, REHEARSAL_MODEL, cache_repo_dir, hf_hub_cache
+from ..core.util import log
 
 # Qwen3's architecture (`arch.QWEN3_COMMON`: grouped-query attention with head_dim 128, q/k norms, its
 # rope θ and norm ε, tied embeddings) with Qwen3-0.6B's sizes (28 layers, hidden 1024, 16 query / 8
@@ -315,10 +315,10 @@ def save_checkpoint_dir(model, tokenizer, out: Path, card: str) -> None:
 def build_checkpoint(cache: Path, dataset_snapshot: Path, n_train: int, ws: WarmstartConfig = REHEARSAL_WARMSTART) -> dict:
     """Train the tokenizer and warm-start the model on the data set's first `n_train` rows, measure
     greedy accuracy on the next rows with a vLLM engine, and lay the checkpoint into the cache."""
-    from .step import data
-    from .core.config import EngineConfig
-    from .step.engine import VLLMEngine
-    from .step.model import load_tokenizer
+    from ..step import data
+    from ..core.config import EngineConfig
+    from ..step.engine import VLLMEngine
+    from ..step.model import load_tokenizer
     from .warmstart import supervised_train
 
     train, test = countdown.load_parquet(dataset_snapshot, n_train, REHEARSAL_TEST_PROBLEMS)

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
-from .step import stamped
-from .core.config import Config, ConfigError, to_dict
-from .step.engine import Rollout
-from .core.seeds import derive_seed, step_problems
-from .core.util import log
+from ..step import stamped
+from ..core.config import Config, ConfigError, to_dict
+from ..step.engine import Rollout
+from ..core.seeds import derive_seed, step_problems
+from ..core.util import log
 
 FORMAT = 1  # bump when the file's layout changes
 
@@ -71,11 +71,11 @@ def load(path: Path, want: dict, need_topk: int) -> dict[int, Rollout]:
 def write_rollouts(cfg: Config, model: str, sampler_name: str, seed: int, out: Path, model_dir: Path, topk: int) -> dict:
     """Sample the shared steps of (model, sampler, seed) as a cell would (its engine given θ_0 through
     the same weight load, the same prompts and seeds) and save them to `out`. Returns the identity."""
-    from .step import data
-    from .cluster import check_device
-    from .step.engine import VLLMEngine
-    from .core.grid import get_sampler
-    from .step.model import load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
+    from ..step import data
+    from ..cluster import check_device
+    from ..step.engine import VLLMEngine
+    from ..core.grid import get_sampler
+    from ..step.model import load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
 
     check_device(cfg, model)  # a GPU job on a CPU torch stops here, as a training job does
     sampler = get_sampler(sampler_name)

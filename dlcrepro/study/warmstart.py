@@ -16,12 +16,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .step import countdown, data
-from .core import paths
-from .core.config import Config
-from .step.engine import VLLMEngine
-from .step.model import build_tiny_model, build_tokenizer, make_token_batch, response_logits, save_model_dir, token_logprobs
-from .core.util import atomic_write_text, log
+from ..step import countdown, data
+from ..core import paths
+from ..core.config import Config
+from ..step.engine import VLLMEngine
+from ..step.model import build_tiny_model, build_tokenizer, make_token_batch, response_logits, save_model_dir, token_logprobs
+from ..core.util import atomic_write_text, log
 
 
 def greedy_accuracy(engine, tokenizer, problems, kind: str) -> float:
