@@ -115,7 +115,7 @@ def main() -> None:
 
 def job_startup(args, mdir: Path) -> None:
     """A one-step job as Snakemake starts it, from `python -m dlcrepro train` to its exit: in its
-    own process, and forked by the fork server (dlcrepro/server.py)."""
+    own process, and forked by the fork server (dlcrepro/run/server.py)."""
     import os
     import signal
     import subprocess

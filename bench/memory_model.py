@@ -47,7 +47,7 @@ from torch.utils._pytree import tree_flatten
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dlcrepro import gpu_check  # noqa: E402
+from dlcrepro.run import gpu_check  # noqa: E402
 from dlcrepro.core.arch import QWEN3_ARCH  # noqa: E402
 from dlcrepro.study.rehearsal import REHEARSAL_ARCH  # noqa: E402
 

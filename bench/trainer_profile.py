@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from dlcrepro import gpu_check
+from dlcrepro.run import gpu_check
 from dlcrepro.core.config import load
 from dlcrepro.step.model import build_tiny_model
 from dlcrepro.step.learner import Learner

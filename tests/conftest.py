@@ -178,10 +178,10 @@ def smoke_warm_start(tmp_path_factory) -> WarmStart:
 
 @pytest.fixture(scope="session")
 def fork_server(tmp_path_factory):
-    """A fork server (dlcrepro/server.py) for the test run: a `python -m dlcrepro train` given
+    """A fork server (dlcrepro/run/server.py) for the test run: a `python -m dlcrepro train` given
     `--server` with its socket runs as the server's child, without ~10 s of imports and teardown. It
     runs each job through the same `cli.main`, and a job it cannot take runs in its own process."""
-    from dlcrepro.server import private_dir
+    from dlcrepro.run.server import private_dir
 
     path = str(private_dir() / f"tests-{os.getpid()}.sock")
     log = tmp_path_factory.mktemp("fork-server") / "serve.log"

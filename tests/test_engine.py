@@ -61,7 +61,7 @@ def test_sample_command_reports_each_sampler_at_the_models_weights(tiny_model_di
     """`python -m dlcrepro sample`: one batch per sampler, scored by the trainer. At θ_0 a stale
     sampler has no lag, so it draws what its precision's fresh sampler draws (one engine per
     precision, one seed): the same numbers. FP8 sits further from the trainer than BF16."""
-    from dlcrepro.cli import main
+    from dlcrepro.run.cli import main
 
     assert main(["sample", "--config", str(SMOKE), "--model-dir", str(tiny_model_dir), "--prompts", "8", "--n", "4", "--seed",
                  "3"]) == 0

@@ -240,7 +240,7 @@ def test_one_command_rebuilds_findings_csv_from_the_findings_input_alone(tmp_pat
     findings.csv and findings.md byte for byte."""
     import shutil
 
-    from dlcrepro import cli
+    from dlcrepro.run import cli
     from dlcrepro.report import outputs
     from dlcrepro.report import tables as T
 

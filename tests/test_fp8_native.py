@@ -9,7 +9,7 @@ import torch
 from dlcrepro.step import quant
 from dlcrepro.core.config import ConfigError, EngineConfig, load
 from dlcrepro.step.engine import fp8_backend
-from dlcrepro.gpu_check import ALIGNED_ARCH as ALIGNED  # linear widths all multiples of 128
+from dlcrepro.run.gpu_check import ALIGNED_ARCH as ALIGNED  # linear widths all multiples of 128
 from dlcrepro.step.model import build_tiny_model, build_tokenizer, save_model_dir
 
 
@@ -157,7 +157,7 @@ def test_gpu_check_script_runs_every_piece_on_cpu():
 def test_paper_trainer_piece_runs_a_learner_step_at_the_paper_batch_shape():
     """The paper-trainer piece (Learner alone, the paper config's 512 sequences and micro_batch)
     on a small architecture: every phase runs and the sizes it reports are the paper config's."""
-    from dlcrepro import gpu_check
+    from dlcrepro.run import gpu_check
 
     small = {k: gpu_check.small_arch(v) for k, v in gpu_check.QWEN3_ARCH.items()}
     msg = gpu_check.check_paper_trainer(torch.device("cpu"), models=("qwen3-1.7b",), shape=dict(prompt_len=6, resp_len=(3, 6)),

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dlcrepro.core.config import TrainConfig
-from dlcrepro.gpu_check import paper_step_batch
+from dlcrepro.run.gpu_check import paper_step_batch
 from dlcrepro.step.model import build_tiny_model, chunk_bounds, make_token_batch, response_logits, token_logprobs
 from dlcrepro.step.learner import Learner
 

@@ -67,7 +67,7 @@ def test_paper_batch_reads_paper_yaml_and_states_the_assumed_length():
 
 @pytest.mark.engine
 def test_smoke_scan_writes_table_parquet_and_figure(tiny_model_dir, smoke_cfg, tmp_path):
-    from dlcrepro.cli import main
+    from dlcrepro.run.cli import main
 
     out = tmp_path / "scan"
     t0 = time.perf_counter()

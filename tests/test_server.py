@@ -19,8 +19,8 @@ import pytest
 from conftest import ROOT, wait_for
 from test_train import run, train_cmd
 
-from dlcrepro import server
-from dlcrepro.cli import _without_server
+from dlcrepro.run import server
+from dlcrepro.run.cli import _without_server
 
 NOBODY = 65534
 

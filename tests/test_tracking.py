@@ -222,7 +222,7 @@ def train_script(cells: list[tuple[str, str]], model_dir: Path, results: Path, s
     `results`, in one process (the engines are imported once)."""
     runs = [["train", "--config", str(SMOKE), "--model-dir", str(model_dir), "--sampler", s, "--correction", c, "--seed", "0",
              "--out", str(results / "tiny" / s / c / "seed0"), *[a for kv in sets for a in ("--set", kv)]] for s, c in cells]
-    code = f"from dlcrepro.cli import main\nfor argv in {runs!r}:\n    assert main(argv) == 0\n"
+    code = f"from dlcrepro.run.cli import main\nfor argv in {runs!r}:\n    assert main(argv) == 0\n"
     return [sys.executable, "-c", code]
 
 

@@ -416,7 +416,7 @@ def show_plan(on_cluster=False):
 
 # ----------------------------------------------------------------------------- fork server
 # config `fork_server`: on the local executor, training jobs fork from one process that imported
-# torch and vLLM once (dlcrepro/server.py) instead of paying ~10 s of imports and teardown each.
+# torch and vLLM once (dlcrepro/run/server.py) instead of paying ~10 s of imports and teardown each.
 # The server lives as long as this snakemake; jobs find it through DLCREPRO_SERVER in their
 # environment (not a rule param or shell text, which would make every cell look changed).
 
@@ -433,7 +433,7 @@ def start_fork_server():
     while it imports, and whenever it is absent."""
     if not fork_server_wanted() or not any(j.rule.name in ("train", "pilot_cell") for j in workflow.dag.needrun_jobs()):
         return None
-    from dlcrepro.server import private_dir  # torch-free, like dlcrepro.core.config
+    from dlcrepro.run.server import private_dir  # torch-free, like dlcrepro.core.config
 
     path = str(private_dir() / f"snakemake-{os.getpid()}.sock")  # 0700: no other user reaches it
     Path(LOGS).mkdir(parents=True, exist_ok=True)

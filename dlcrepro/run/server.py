@@ -43,8 +43,8 @@ import threading
 import time
 from pathlib import Path
 
-from .core import procs
-from .core.preload import import_job_modules
+from ..core import procs
+from ..core.preload import import_job_modules
 
 REFUSED = -1 << 16  # status sent instead of an exit code when the server will not run a job
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -190,7 +190,7 @@ def _child(conn: socket.socket) -> None:
         torch.set_num_threads(max(int(os.environ.get("OMP_NUM_THREADS", "1") or 1), 1))
         for name in [m for m in sys.modules if m == "dlcrepro" or m.startswith("dlcrepro.")]:
             del sys.modules[name]  # the job runs the package as it is on disk now
-        from dlcrepro.cli import main
+        from dlcrepro.run.cli import main
 
         try:
             status = main(req["argv"])

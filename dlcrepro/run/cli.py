@@ -22,13 +22,13 @@ def _overrides(pairs: list[str]) -> dict:
 
 
 def _load(args):
-    from .core.config import load
+    from ..core.config import load
 
     return load(args.config, _overrides(args.set))
 
 
 def cmd_warmstart(args) -> int:
-    from .study.warmstart import warmstart
+    from ..study.warmstart import warmstart
 
     cfg = _load(args)
     warmstart(cfg, args.model, Path(args.out) if args.out else None)
@@ -48,9 +48,9 @@ def cmd_train(args) -> int:
     status = _via_server(args)
     if status is not None:
         return status
-    from .core.config import load
-    from .core.tracking import from_env
-    from .study.celldir import run_cell
+    from ..core.config import load
+    from ..core.tracking import from_env
+    from ..study.celldir import run_cell
 
     # the workflow hands its jobs the study's tracking section in the environment: no part of the
     # job's config file, whose changes rerun the cell
@@ -67,8 +67,8 @@ def cmd_rollouts(args) -> int:
     status = _via_server(args)
     if status is not None:
         return status
-    from .study.rollouts import write_rollouts
-    from .study.celldir import cell_model_dir
+    from ..study.rollouts import write_rollouts
+    from ..study.celldir import cell_model_dir
 
     cfg = _load(args)
     write_rollouts(cfg, args.model, args.sampler, args.seed, Path(args.out), cell_model_dir(cfg, args.model, args.model_dir),
@@ -80,8 +80,8 @@ def cmd_initial_eval(args) -> int:
     status = _via_server(args)
     if status is not None:
         return status
-    from .study.initial_eval import write_initial_eval
-    from .study.celldir import cell_model_dir
+    from ..study.initial_eval import write_initial_eval
+    from ..study.celldir import cell_model_dir
 
     cfg = _load(args)
     write_initial_eval(cfg, args.model, args.seed, Path(args.out), cell_model_dir(cfg, args.model, args.model_dir))
@@ -108,7 +108,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_sample(args) -> int:
-    from .study.probe import sample_report
+    from ..study.probe import sample_report
 
     cfg = _load(args)
     rows = sample_report(cfg, args.model, args.prompts, args.n, args.seed, model_dir=args.model_dir)
@@ -117,8 +117,8 @@ def cmd_sample(args) -> int:
 
 
 def cmd_collect(args) -> int:
-    from .report.analysis import collect
-    from .core.util import atomic_save
+    from ..report.analysis import collect
+    from ..core.util import atomic_save
 
     steps, runs = collect(args.summaries, rerun=os.environ.get("DLCREPRO_RERUN_COMMAND"))
     atomic_save(Path(args.out_steps), lambda tmp: steps.to_parquet(tmp, index=False))
@@ -129,7 +129,7 @@ def cmd_collect(args) -> int:
 def cmd_tables(args) -> int:
     import pandas as pd
 
-    from .report.tables import other_machine_findings, redraw_tex, write_all
+    from ..report.tables import other_machine_findings, redraw_tex, write_all
 
     if args.redraw_tex:
         for f in redraw_tex(Path(args.redraw_tex)):
@@ -148,8 +148,8 @@ def cmd_tables(args) -> int:
 def cmd_findings(args) -> int:
     """findings.{csv,md,tex} rebuilt from the findings input the tables job wrote into --from (and what
     other CPU kinds gave: --other-machines, by default those committed under <from>/other_machines/)."""
-    from .report.outputs import other_machine_files
-    from .report.tables import caption, findings_from, other_machine_findings, write_table
+    from ..report.outputs import other_machine_files
+    from ..report.tables import caption, findings_from, other_machine_findings, write_table
 
     source = Path(args.source)
     paths = args.other_machines if args.other_machines is not None else other_machine_files(source)
@@ -165,8 +165,8 @@ def cmd_look(args) -> int:
     """One look of `snakemake decide`: the findings of the look's runs, pooled, and the next batch."""
     import pandas as pd
 
-    from .study.decide import Design, findings_of_look, next_look, pooled_verdicts
-    from .core.util import atomic_write_text
+    from ..study.decide import Design, findings_of_look, next_look, pooled_verdicts
+    from ..core.util import atomic_write_text
 
     design = json.loads(Path(args.design).read_text())
     previous = json.loads(Path(args.previous).read_text()) if args.previous else None
@@ -183,8 +183,8 @@ def cmd_look(args) -> int:
 
 
 def cmd_decide_summary(args) -> int:
-    from .study.decide import summary_markdown
-    from .core.util import atomic_write_text
+    from ..study.decide import summary_markdown
+    from ..core.util import atomic_write_text
 
     looks = sorted((json.loads(Path(p).read_text()) for p in args.looks), key=lambda x: x["look"])
     atomic_write_text(Path(args.out), summary_markdown(looks))
@@ -192,7 +192,7 @@ def cmd_decide_summary(args) -> int:
 
 
 def cmd_docs(args) -> int:
-    from .report.findings_docs import update
+    from ..report.findings_docs import update
 
     root = Path(args.root)
     for page in update(root, Path(args.findings) if args.findings else root / "paper_tables" / "findings.csv"):
@@ -201,7 +201,7 @@ def cmd_docs(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-    from .report.reproduce import write_report
+    from ..report.reproduce import write_report
 
     r = write_report(args.run, args.committed, args.out, args.figure_dir, args.n_boot)
     print(f"{r.headline}\nreport: {args.out}")
@@ -209,7 +209,7 @@ def cmd_reproduce(args) -> int:
 
 
 def cmd_publish(args) -> int:
-    from .report.publish import publish
+    from ..report.publish import publish
 
     try:
         written = publish(args.tables, args.figures, args.to_tables, args.to_figures)
@@ -224,7 +224,7 @@ def cmd_publish(args) -> int:
 def cmd_figures(args) -> int:
     import pandas as pd
 
-    from .report.figures import write_all
+    from ..report.figures import write_all
 
     findings = pd.read_csv(args.findings, dtype={"rules": str, "machine": str}) if args.findings else None
     write_all(pd.read_parquet(args.steps), Path(args.out), pd.read_parquet(args.runs), findings)
@@ -232,7 +232,7 @@ def cmd_figures(args) -> int:
 
 
 def cmd_scan(args) -> int:
-    from .study.scan import read_raw, run_scan, write_report
+    from ..study.scan import read_raw, run_scan, write_report
 
     if args.redraw:
         tables_out, figures_out = args.tables_out or args.out, args.figures_out or args.out
@@ -253,7 +253,7 @@ def cmd_scan(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from .cluster import CalibrationError, load_merged, missing_message, plan_text
+    from ..cluster import CalibrationError, load_merged, missing_message, plan_text
 
     cfg = load_merged(args.config, _overrides(args.set))
     if args.calibrate:
@@ -271,8 +271,8 @@ def decide_plan_lines(cfg, source: str | None) -> list[str]:
     """The plan's section on `snakemake decide`: at the cap, and expected from a study's findings input
     (--decide-findings DIR; by default the first that holds one of the config's committed study, its
     tables_dir, and the tiny study's committed tables, paper_tables: the only spreads measured so far)."""
-    from .study.decide import expected_from, plan_lines
-    from .report.outputs import FINDINGS_INPUT
+    from ..study.decide import expected_from, plan_lines
+    from ..report.outputs import FINDINGS_INPUT
 
     candidates = [source] if source else [d for d in (cfg.committed_tables_dir, cfg.tables_dir, "paper_tables") if d]
     found = [Path(d) for d in candidates if all((Path(d) / f).exists() for f in FINDINGS_INPUT)]
@@ -286,9 +286,9 @@ def calibrate_plan(cfg, results: Path, earlier: str | None) -> None:
     """`plan --calibrate RESULTS`: the calibrated plan from what ran under RESULTS, written to
     RESULTS/_calibration.json; with --projection-error, first how far an earlier calibration's
     projections were from the jobs that have run since."""
-    from .cluster import (calibration, calibration_path, calibration_text, measurements, project, projection_error_totals,
+    from ..cluster import (calibration, calibration_path, calibration_text, measurements, project, projection_error_totals,
                           projection_errors)
-    from .core.util import atomic_write_text
+    from ..core.util import atomic_write_text
 
     if not results.is_dir():
         raise SystemExit(f"plan --calibrate {results}: no such directory (the results_dir of a run: the pilot's or the grid's)")
@@ -323,8 +323,8 @@ def calibrate_plan(cfg, results: Path, earlier: str | None) -> None:
 
 
 def cmd_rehearsal(args) -> int:
-    from .study.rehearsal import build
-    from .core.util import atomic_write_text
+    from ..study.rehearsal import build
+    from ..core.util import atomic_write_text
 
     summary = build(Path(args.cache) if args.cache else None, warmstart_steps=args.warmstart_steps)
     text = json.dumps(summary, indent=1)
@@ -528,10 +528,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
     args.argv = argv
-    from .step.checkpoint import BadCheckpoint
-    from .core.config import ConfigError
-    from .core.registry import UnknownNameError
-    from .core.util import DamagedFileError, DiskFullError, NonFiniteError, disk_full
+    from ..step.checkpoint import BadCheckpoint
+    from ..core.config import ConfigError
+    from ..core.registry import UnknownNameError
+    from ..core.util import DamagedFileError, DiskFullError, NonFiniteError, disk_full
 
     # a user's mistake (a config value, an unknown name, a missing file) or a condition of the data or
     # the disk ends in one line; anything else is a bug and keeps its traceback

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from .core.arch import QWEN3_ARCH
+from ..core.arch import QWEN3_ARCH
 
 # Linear widths that are multiples of 128 so that vLLM's block-FP8 path takes the model (the
 # smoke/tiny model's k/v projections are 64 wide).
@@ -82,7 +82,7 @@ def check_cuda(dev: torch.device) -> str:
 
 
 def check_quantizer(dev: torch.device) -> str:
-    from .step import quant
+    from ..step import quant
 
     g = torch.Generator().manual_seed(0)
     w = torch.randn(300, 260, generator=g) * torch.logspace(-3, 1, 260)  # blocks of very different scale
@@ -96,7 +96,7 @@ def check_quantizer(dev: torch.device) -> str:
 
 
 def check_activations(dev: torch.device) -> str:
-    from .step import quant
+    from ..step import quant
 
     x = torch.randn(7, 5, 300, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     a, b = quant.fp8_round_activations(x), quant.fp8_round_activations(x.to(dev)).cpu()
@@ -105,7 +105,7 @@ def check_activations(dev: torch.device) -> str:
 
 
 def check_corrections(dev: torch.device) -> str:
-    from .step.corrections import CORRECTIONS, CorrectionParams, TokenTerms, engine_distribution
+    from ..step.corrections import CORRECTIONS, CorrectionParams, TokenTerms, engine_distribution
 
     g = torch.Generator().manual_seed(2)
     n, v, d = 64, 50, 16
@@ -139,8 +139,8 @@ def check_corrections(dev: torch.device) -> str:
 
 
 def _tiny_batch(n: int = 24):
-    from .step import countdown
-    from .step.model import build_tokenizer, make_token_batch
+    from ..step import countdown
+    from ..step.model import build_tokenizer, make_token_batch
 
     tok = build_tokenizer()
     problems = countdown.generate(n, seed=0, number_range=(1, 9), target_range=(1, 30))
@@ -155,9 +155,9 @@ def check_trainer(dev: torch.device) -> str:
     _need("transformers")
     import dataclasses
 
-    from .core.config import TrainConfig
-    from .step.model import build_tiny_model, response_logits, token_logprobs
-    from .step.learner import Learner, Scored
+    from ..core.config import TrainConfig
+    from ..step.model import build_tiny_model, response_logits, token_logprobs
+    from ..step.learner import Learner, Scored
 
     _, tb = _tiny_batch()
     tb = tb.to(dev)
@@ -183,13 +183,13 @@ def check_trainer(dev: torch.device) -> str:
 
 
 def _engine_cfg():
-    from .core.config import EngineConfig
+    from ..core.config import EngineConfig
 
     return EngineConfig(max_tokens=16, topk=64, kv_cache_mib=64, gpu_memory_utilization=0.2)
 
 
 def _model_dir(tmp: Path):
-    from .step.model import build_tiny_model, build_tokenizer, save_model_dir
+    from ..step.model import build_tiny_model, build_tokenizer, save_model_dir
 
     mdir = tmp / "aligned"
     if not (mdir / "config.json").exists():
@@ -198,7 +198,7 @@ def _model_dir(tmp: Path):
 
 
 def _delta(engine, model, prompts, dev):
-    from .step.model import make_token_batch, response_logits, token_logprobs
+    from ..step.model import make_token_batch, response_logits, token_logprobs
 
     r = engine.generate(prompts, 8, seed=0, topk=64)
     tb = make_token_batch(r.prompt_ids, r.response_ids).to(dev)
@@ -210,9 +210,9 @@ def _delta(engine, model, prompts, dev):
 def check_vllm(dev: torch.device, tmp: Path, precision: str) -> str:
     _need("transformers")
     _need("vllm")
-    from .step import countdown
-    from .step.engine import VLLMEngine
-    from .step.model import build_tokenizer, load_model
+    from ..step import countdown
+    from ..step.engine import VLLMEngine
+    from ..step.model import build_tokenizer, load_model
 
     mdir = _model_dir(tmp)
     cfg = _engine_cfg()  # fp8_backend "auto": vLLM's native block-FP8 on CUDA, the emulation on CPU
@@ -249,10 +249,10 @@ def check_vllm(dev: torch.device, tmp: Path, precision: str) -> str:
 def check_cell(dev: torch.device, tmp: Path) -> str:
     _need("transformers")
     _need("vllm")
-    from .core.config import load
-    from .study.celldir import run_cell
+    from ..core.config import load
+    from ..study.celldir import run_cell
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     over = {
         "models": {"tiny": {"kind": "tiny", "arch": ALIGNED_ARCH,
                             "trainer_dtype": "bfloat16" if dev.type == "cuda" else "float32"}},
@@ -278,9 +278,9 @@ def check_cell(dev: torch.device, tmp: Path) -> str:
 def paper_step_batch(num_seqs: int, group: int, prompt_len: int, resp_len: tuple[int, int], vocab: int, topk: int, seed: int):
     """A (Scored, Rollout) pair with the paper step's shapes and random tokens: `num_seqs`
     responses of `group` per prompt, lengths uniform in `resp_len`, top-`topk` engine log-probs."""
-    from .step.engine import Rollout
-    from .step.model import make_token_batch
-    from .step.learner import Scored, advantages
+    from ..step.engine import Rollout
+    from ..step.model import make_token_batch
+    from ..step.learner import Scored, advantages
 
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(resp_len[0], resp_len[1] + 1, (num_seqs,), generator=g).tolist()
@@ -307,7 +307,7 @@ def paper_step_batch(num_seqs: int, group: int, prompt_len: int, resp_len: tuple
 def learner_step(learner, scored, probes, rollout) -> dict[str, float]:
     """The trainer's side of one step of `Trainer.step` (a stale sampler, probing): seconds per
     phase, with the device synchronised at each phase's end."""
-    from .step.diagnostics import squared_distance
+    from ..step.diagnostics import squared_distance
 
     dev = learner.device
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -342,11 +342,11 @@ def check_paper_trainer(dev: torch.device, models=tuple(QWEN3_ARCH), shape: dict
     _need("transformers")
     if dev.type != "cuda" and shape is None:
         raise Skip("paper-size models need a GPU (the tests run this piece at a small size on CPU)")
-    from .core.config import load
-    from .step.model import build_tiny_model
-    from .step.learner import Learner
+    from ..core.config import load
+    from ..step.model import build_tiny_model
+    from ..step.learner import Learner
 
-    cfg = load(Path(__file__).resolve().parent.parent / "configs" / "paper.yaml")
+    cfg = load(Path(__file__).resolve().parents[2] / "configs" / "paper.yaml")
     shape = shape or dict(prompt_len=120, resp_len=(150, 450))
     archs = archs or QWEN3_ARCH
     out = []
