@@ -44,6 +44,16 @@ def modules() -> dict[str, ast.Module]:
     return out
 
 
+@cache
+def short_names() -> dict[str, str]:
+    """A module's own name -> its name inside the package (`engine` -> `step.engine`), where one
+    module has it: the docs name a module as the code does, `engine.py`, not by its layer's folder."""
+    last: dict[str, list[str]] = {}
+    for name in modules():
+        last.setdefault(name.rpartition(".")[2], []).append(name)
+    return {k: v[0] for k, v in last.items() if len(v) == 1 and "." in v[0]}
+
+
 def members(node, imports: bool = False) -> dict[str, ast.AST | None]:
     """The names a module or class body defines, each with its node where it is a class (to look
     inside), else None: functions, classes, assignments, annotated fields; the names it imports only
@@ -120,6 +130,7 @@ def code_name(span: str) -> bool | None:
     mods = modules()
     for k in range(len(parts), 0, -1):  # the longest module prefix: cluster.memory.layer_bytes
         mod = ".".join(parts[:k])
+        mod = mod if mod in mods or k > 1 else short_names().get(mod, mod)
         if mod in mods:
             package = (PACKAGE / mod.replace(".", "/") / "__init__.py").exists()
             return resolves_in(mods[mod], parts[k:], package) or config_key(parts)
@@ -142,7 +153,8 @@ def path_resolves(span: str) -> bool | None:
             return False
         return not test or re.search(rf"^\s*def {re.escape(test.split('[')[0])}\(", file.read_text(), re.M) is not None
     if re.fullmatch(r"[a-z_]+\.py", path):
-        return any((d / path).exists() for d in (PACKAGE, PACKAGE / "cluster", ROOT / "tests", ROOT / "bench", ROOT / "scripts"))
+        layers = [d for d in PACKAGE.iterdir() if d.is_dir()]
+        return any((d / path).exists() for d in (PACKAGE, *layers, ROOT / "tests", ROOT / "bench", ROOT / "scripts"))
     return None
 
 
