@@ -21,6 +21,8 @@ rule decide_collect:
         runs=f"{DECIDE}/look{{k}}/runs.parquet",
     log:
         f"{LOGS}/decide/collect{{k}}.log",
+    benchmark:
+        f"{BENCHMARKS}/decide/collect{{k}}.tsv"
     wildcard_constraints:
         k=r"\d+",
     conda:
@@ -43,6 +45,8 @@ checkpoint decide_look:
         findings=f"{DECIDE}/look{{k}}.csv",
     log:
         f"{LOGS}/decide/look{{k}}.log",
+    benchmark:
+        f"{BENCHMARKS}/decide/look{{k}}.tsv"
     wildcard_constraints:
         k=r"\d+",
     conda:
@@ -62,6 +66,8 @@ rule decide:
         f"{DECIDE}/decide.md",
     log:
         f"{LOGS}/decide/decide.log",
+    benchmark:
+        f"{BENCHMARKS}/decide/decide.tsv"
     conda:
         ANALYSIS_ENV
     params:

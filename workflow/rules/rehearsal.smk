@@ -9,6 +9,8 @@ rule rehearsal_assets:
         dataset=built_here_ref(REHEARSAL_DATASET),
     log:
         f"{LOGS}/rehearsal_assets.log",
+    benchmark:
+        f"{BENCHMARKS}/rehearsal_assets.tsv"
     conda:
         TRAIN_ENV
     threads: 2

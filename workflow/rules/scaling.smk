@@ -23,6 +23,8 @@ rule scaling_scan:
         f"{SCALING}/{{model}}/{{sampler}}/scan.parquet",
     log:
         f"{LOGS}/scaling/{{model}}/{{sampler}}.log",
+    benchmark:
+        f"{BENCHMARKS}/scaling/{{model}}/{{sampler}}.tsv"
     conda:
         TRAIN_ENV
     # a scan is a few training steps' work per rung (cluster.job_resources, job kind `scan`)
@@ -60,6 +62,8 @@ rule scaling:
         [f"{SCALING}/scaling.{ext}" for ext in ("png", "pdf")],
     log:
         f"{LOGS}/scaling.log",
+    benchmark:
+        f"{BENCHMARKS}/scaling.tsv"
     conda:
         ANALYSIS_ENV
     params:

@@ -10,6 +10,8 @@ rule warmstart:
         summary=f"{ARTIFACTS}/{{model}}/warmstart.json",
     log:
         f"{LOGS}/warmstart/{{model}}.log",
+    benchmark:
+        f"{BENCHMARKS}/warmstart/{{model}}.tsv"
     conda:
         TRAIN_ENV
     threads: 2
