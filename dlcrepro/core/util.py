@@ -149,6 +149,14 @@ def atomic_write_text(path: Path, text: str) -> dict:
     return atomic_write_bytes(path, text.encode())
 
 
+def write_text_if_changed(path: Path, text: str) -> None:
+    """`atomic_write_text`, only where the file holds other text or none: its modification time then
+    says when its text last changed (a rule's input that reruns the jobs reading it)."""
+    path = Path(path)
+    if not path.exists() or path.read_text() != text:
+        atomic_write_text(path, text)
+
+
 def atomic_save(path: Path, write) -> dict:
     """Call `write(tmp_path)` (for writers that need a file name), then fsync and rename to `path`; its digest."""
     path = Path(path)

@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
@@ -15,7 +14,7 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 # The package's torch-free modules, from this checkout (the Snakemake env need not have it installed).
 sys.path.insert(0, str(Path(workflow.basedir).resolve()))
 from dlcrepro import cluster
-from dlcrepro.study import decide
+from dlcrepro.study import decide, jobconfig
 from dlcrepro.report import outputs
 from dlcrepro.core import procs, tracking
 from dlcrepro.core.config import ConfigError
@@ -23,6 +22,7 @@ from dlcrepro.core.config import build as build_config
 from dlcrepro.core.config import tracking_for_jobs
 from dlcrepro.core.config import with_base
 from dlcrepro.core.grid import get_sampler
+from dlcrepro.core.util import write_text_if_changed
 from dlcrepro.core.paths import BUILT_HERE, REHEARSAL_DATASET, REHEARSAL_MODEL, cache_repo_dir, hf_hub_cache
 
 # An overlay (`base: configs/tiny.yaml`, as configs/zoo.yaml) stands on its own: laid over its base
@@ -189,31 +189,12 @@ def cell_outputs(name):
     return [str(Path(cell_dir(**c), name)) for c in CELLS]
 
 
-# What each kind of job's results depend on. Editing a plot option or a Slurm resource reruns
-# nothing (except a cell's GPU count: the device it trains on); editing `train.lr` reruns every
-# cell but not the warm start.
-JOB_SECTIONS = {
-    "warmstart": ("name", "artifacts", "task", "engine"),
-    "train": ("name", "artifacts", "task", "engine", "train"),
-}
-
-
 def job_config_path(model, job):
-    """A file with exactly what `job` (warmstart, train) of the model depends on, rewritten only
-    when that changes, so that its modification time is the rerun trigger."""
-    sub = {k: config[k] for k in JOB_SECTIONS[job] if k in config}
-    skip = {"resources"} | ({"train"} if job == "warmstart" else set())
-    sub["models"] = {model: {k: v for k, v in config["models"][model].items() if k not in skip}}
-    gpus = cluster.job_resources(CFG, model)["gpu"]
-    if job == "train" and gpus > 0:  # the job checks it has them (cluster.check_device)
-        sub["models"][model]["resources"] = {"gpu": gpus}
-    text = yaml.safe_dump(sub, sort_keys=True)
-    path = Path(RESULTS) / "_config" / (f"{model}.yaml" if job == "train" else f"{model}.{job}.yaml")
-    if not path.exists() or path.read_text() != text:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+    """The file with exactly what `job` (warmstart, train) of the model depends on
+    (dlcrepro/study/jobconfig.py), rewritten only when that changes."""
+    path = jobconfig.job_config_file(RESULTS, model, job)
+    text = jobconfig.job_config_text(config, model, job, cluster.job_resources(CFG, model)["gpu"])
+    write_text_if_changed(path, text)
     return str(path)
 
 
@@ -349,12 +330,7 @@ def report_caption(output):
     under RESULTS/_report/; rewritten only when its text changes. Absolute: report() takes a
     relative path from the rule file's directory."""
     path = Path(RESULTS, "_report", f"{output.name}.{output.kind}.rst").resolve()
-    text = f"{output.caption}\n"
-    if not path.exists() or path.read_text() != text:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+    write_text_if_changed(path, f"{output.caption}\n")
     return str(path)
 
 
