@@ -106,11 +106,11 @@ def plan_text(cfg: Config, source: str = "") -> str:
     shared = rollouts_jobs(cfg)
     if shared:
         lines.append(f"shared rollouts: {len(shared)} job(s) first, one per lagged sampler and seed: the batches its cells "
-                     "sample from θ_0, sampled once (dlcrepro/rollouts.py); counted in the GPU-hours below")
+                     "sample from θ_0, sampled once (dlcrepro/study/rollouts.py); counted in the GPU-hours below")
     initial = initial_eval_jobs(cfg)
     if initial:
         lines.append(f"θ_0 evaluations: {len(initial)} job(s) first, one per model and seed: θ_0's accuracies, where every "
-                     "cell's curve starts, evaluated once (dlcrepro/initial_eval.py); counted in the GPU-hours below")
+                     "cell's curve starts, evaluated once (dlcrepro/study/initial_eval.py); counted in the GPU-hours below")
     pilot = pilot_cells(cfg)
     lines.append(f"pilot (target `pilot`, then `python -m dlcrepro plan --calibrate {cfg.results_dir}`): {len(pilot)} cell(s) "
                  f"cut to {PILOT_STEPS} steps, one per cost class, under {Path(cfg.results_dir) / PILOT_DIR}, with "

@@ -293,7 +293,7 @@ class GridConfig:
 
 @dataclass
 class DecideConfig:
-    """The sequential design of `snakemake decide` (dlcrepro/decide.py, docs/workflow.md): its first
+    """The sequential design of `snakemake decide` (dlcrepro/study/decide.py, docs/workflow.md): its first
     look is grid.seeds; each later look trains a batch of seeds more, only for the cells the
     undecided findings read, until every finding is decided or stopped, or a cap is reached."""
 
@@ -328,7 +328,7 @@ class Config:
     """workflow: the python that runs the package inside jobs ("" = the one running snakemake)."""
     fork_server: bool = False
     """workflow: on the local executor, training jobs fork from one server process that imported
-    torch and vLLM once (dlcrepro/server.py); off on clusters, where jobs run in allocations."""
+    torch and vLLM once (dlcrepro/run/server.py); off on clusters, where jobs run in allocations."""
     train_env: str = "envs/train-cpu.yaml"
     """workflow: conda env file of training jobs under --sdm conda (repo-relative)."""
     resources: dict[str, Any] = field(default_factory=dict)

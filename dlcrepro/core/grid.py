@@ -51,7 +51,7 @@ class Sampler:
     def shared_steps(self, steps: int, sync_every: int) -> int:
         """How many leading steps every cell of this sampler and seed samples from θ_0, whatever its
         correction (until a resync): those before its first scheduled sync; 0 when synced before
-        every step. The workflow samples them once (dlcrepro/rollouts.py)."""
+        every step. The workflow samples them once (dlcrepro/study/rollouts.py)."""
         return 0 if self.always_synced else min(steps, sync_every)
 
 

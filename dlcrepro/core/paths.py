@@ -10,7 +10,7 @@ from pathlib import Path
 from .config import Config, ConfigError
 
 
-# The rehearsal's checkpoint and data set (dlcrepro/rehearsal.py): Hugging Face ids that no hub
+# The rehearsal's checkpoint and data set (dlcrepro/study/rehearsal.py): Hugging Face ids that no hub
 # serves; the workflow builds them into the cache, where a paper job then finds them by id.
 REHEARSAL_MODEL = "dlcrepro/Qwen3-Rehearsal"
 REHEARSAL_DATASET = "dlcrepro/Countdown-Rehearsal"

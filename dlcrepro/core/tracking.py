@@ -13,7 +13,7 @@ A backend is one class with `start(cell, params)`, `log(step, row)` and `finish(
 each one's failure to itself: the first error a backend raises (a lost server) is reported once, in
 the cell's log, and that backend logs no more in this run; training goes on. No backend is imported
 before a run starts one (or the fork server of a study that names it, once): this module imports
-only the standard library, so dlcrepro/config.py (torch-free: the standard library, PyYAML and the
+only the standard library, so dlcrepro/core/config.py (torch-free: the standard library, PyYAML and the
 package's registries) can import it to check the names against `BACKENDS` and that each one's
 package is installed.
 """

@@ -52,7 +52,7 @@ PER_CELL = (
     "a model's four panels stand in two rows of two; every mark is named in the legend (docs/results.md, "
     '"Reading the figures"); a '
     "correction has the same colour, line style and marker in every figure (a family shares a colour); hollow "
-    "markers without a line are a cell copied from the run it equals (dlcrepro/grid.py), drawn over it and named so "
+    "markers without a line are a cell copied from the run it equals (dlcrepro/core/grid.py), drawn over it and named so "
     "in the legend."
 )
 
@@ -185,7 +185,7 @@ FIGURES = (
 )
 
 
-# What the `reproduce` rule writes at the end of every run (dlcrepro/reproduce.py): whether the run
+# What the `reproduce` rule writes at the end of every run (dlcrepro/report/reproduce.py): whether the run
 # reproduced the committed study, cell by cell. Not one of FIGURES (figures.write_all does not draw it):
 # its figure is drawn from the comparison, into the run's figures directory, beside the report.
 REPRODUCTION = figure(

@@ -1,4 +1,4 @@
-"""`python -m dlcrepro.gpu_check`: every GPU-side piece that can run on this machine, one line each.
+"""`python -m dlcrepro.run.gpu_check`: every GPU-side piece that can run on this machine, one line each.
 
 Runs on a machine with one CUDA GPU and PyTorch; transformers, vLLM and model weights are optional
 (pieces that need a missing one say SKIP and why). Everything uses models built here from a
@@ -383,7 +383,7 @@ def check_paper_trainer(dev: torch.device, models=tuple(QWEN3_ARCH), shape: dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dlcrepro.gpu_check", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m dlcrepro.run.gpu_check", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     p.add_argument("--only", nargs="*", help="run only these pieces")
     args = p.parse_args(argv)

@@ -29,7 +29,7 @@ MAX_LOOKS = 7  # Snakemake re-evaluates the DAG after each checkpoint: a handful
 REFERENCE = ("bf16", "pg")  # on-policy training: every accuracy drop is measured against it, seed by seed
 EVERY_CELL = "not spent: reads every cell"
 
-# The cells (sampler, correction) each finding's rule in dlcrepro/findings.py reads, the fewest that
+# The cells (sampler, correction) each finding's rule in dlcrepro/report/findings.py reads, the fewest that
 # decide it; a rule that reads accuracy drops (analysis.accuracy_drops) also reads the reference of
 # the same seed. None: the rule pools every cell's collapse points, so no few cells can decide it.
 CELLS_READ: dict[str, tuple[tuple[str, str], ...] | None] = {
@@ -434,5 +434,5 @@ def plan_lines(cfg: Config, expected: dict[str, tuple[str, float]] | None = None
                      + ("" if cfg.decide.cap_gpu_hours <= 0 else f" (decide.cap_gpu_hours={cfg.decide.cap_gpu_hours:g} stops "
                                                                  "the looks before a batch would pass it)"))
     lines.append("  findings F11, F12, F13 read every cell's collapse points: not spent on; each look's cells: "
-                 "dlcrepro/decide.py CELLS_READ")
+                 "dlcrepro/study/decide.py CELLS_READ")
     return lines

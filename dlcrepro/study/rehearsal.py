@@ -174,7 +174,7 @@ def write_dataset(cache: Path) -> Path:
         (Path(tmp) / "data").mkdir()
         pq.write_table(table, Path(tmp) / "data" / "train-00000-of-00001.parquet")
         (Path(tmp) / "README.md").write_text(
-            f"# {REHEARSAL_DATASET}\n\nMade by dlcrepro.rehearsal: {len(rows)} solvable Countdown problems, "
+            f"# {REHEARSAL_DATASET}\n\nMade by dlcrepro.study.rehearsal: {len(rows)} solvable Countdown problems, "
             + ", ".join(f"{n} of {k} numbers in {a}-{b} with targets {c}-{d}" for k, n in DATASET_ROWS.items()
                         for (a, b), (c, d) in [DATASET_RANGES[k]])
             + ", in Jiayi-Pan/Countdown-Tasks-3to4's columns.\n")
@@ -334,7 +334,7 @@ def build_checkpoint(cache: Path, dataset_snapshot: Path, n_train: int, ws: Warm
                                                 f"rehearsal {REHEARSAL_MODEL}")
         model.eval()
         n_params = sum(p.numel() for p in model.parameters())
-        card = (f"# {REHEARSAL_MODEL}\n\nMade by dlcrepro.rehearsal for the CPU rehearsal of the paper path: "
+        card = (f"# {REHEARSAL_MODEL}\n\nMade by dlcrepro.study.rehearsal for the CPU rehearsal of the paper path: "
                 f"Qwen3ForCausalLM {json.dumps(REHEARSAL_ARCH)}, {n_params} parameters; byte-level BPE tokenizer of "
                 f"{len(tokenizer)} tokens; warm start {json.dumps(asdict(ws))} on worked answers of "
                 f"{REHEARSAL_DATASET}'s first {n_train} rows.\n")
