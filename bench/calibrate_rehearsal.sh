@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 RESULTS=${1:-rehearsal/results}
 # targets first: --configfile and --config take every word after them
 CONFIG=${CONFIG:-configs/rehearsal.yaml}
-NAME=$(.venv/bin/python -c "import sys; from dlcrepro.config import load; print(load(sys.argv[1]).name)" "$CONFIG")
+NAME=$(.venv/bin/python -c "import sys; from dlcrepro.core.config import load; print(load(sys.argv[1]).name)" "$CONFIG")
 SMK_ARGS=(--cores 2 --configfile "$CONFIG" --config "results_dir=$RESULTS")
 PLAN=(.venv/bin/python -m dlcrepro plan --config "$CONFIG" --set "results_dir=$RESULTS")
 

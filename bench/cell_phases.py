@@ -46,13 +46,13 @@ def main() -> None:
     torch = timed("import torch", __import__, "torch")
     torch.set_num_threads(args.threads)
     timed("import vllm", __import__, "vllm")
-    from dlcrepro import config as config_mod
-    from dlcrepro import data
-    from dlcrepro.paths import model_dir
-    from dlcrepro.engine import VLLMEngine
-    from dlcrepro.model import load_model, load_tokenizer
-    from dlcrepro.celldir import run_cell
-    from dlcrepro.phases import PHASES
+    from dlcrepro.core import config as config_mod
+    from dlcrepro.step import data
+    from dlcrepro.core.paths import model_dir
+    from dlcrepro.step.engine import VLLMEngine
+    from dlcrepro.step.model import load_model, load_tokenizer
+    from dlcrepro.study.celldir import run_cell
+    from dlcrepro.core.phases import PHASES
 
     cfg = config_mod.load(args.config, {"train.steps": args.steps})
     mdir = model_dir(cfg, args.model)
@@ -72,7 +72,7 @@ def main() -> None:
           f"{args.repeats}")
     from vllm.inputs import TokensPrompt
 
-    from dlcrepro.engine import request_seeds
+    from dlcrepro.step.engine import request_seeds
 
     def raw(seed: int):
         params = [engine._params(n, s, min(k, engine.vocab_size)) for s in request_seeds(seed, len(prompts))]
@@ -115,7 +115,7 @@ def main() -> None:
 
 def job_startup(args, mdir: Path) -> None:
     """A one-step job as Snakemake starts it, from `python -m dlcrepro train` to its exit: in its
-    own process, and forked by the fork server (dlcrepro/server.py)."""
+    own process, and forked by the fork server (dlcrepro/run/server.py)."""
     import os
     import signal
     import subprocess

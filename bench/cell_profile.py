@@ -117,10 +117,10 @@ def main() -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from dlcrepro import config as config_mod
-    from dlcrepro.paths import model_dir
-    from dlcrepro.celldir import run_cell
-    from dlcrepro.train import PHASES
+    from dlcrepro.core import config as config_mod
+    from dlcrepro.core.paths import model_dir
+    from dlcrepro.study.celldir import run_cell
+    from dlcrepro.step.train import PHASES
 
     torch.set_num_threads(args.threads)
     cfg = config_mod.load(args.config, {"train.steps": args.steps})

@@ -15,7 +15,7 @@ has is not a difference; every column BEFORE has is still compared.
 `--findings-input`: the two directories hold a study's findings input (`findings_steps.csv`,
 `findings_runs.csv`: what the tables job writes, and what `paper_tables/other_machines/` keeps of
 another machine's run, whose per-cell files are not committed). The runs found in both (by model,
-sampler, correction, seed) are compared column by column, NaN equal to NaN (dlcrepro/reproduce.py, as
+sampler, correction, seed) are compared column by column, NaN equal to NaN (dlcrepro/report/reproduce.py, as
 the workflow's `reproduce` rule at the end of every run); a run of one replicate against a committed
 input of two compares the seeds they share.
 """
@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's package, as the workflow reads it
-from dlcrepro.reproduce import DIFFERS, ONLY_HERE, cell_differences, read_study  # noqa: E402
+from dlcrepro.report.reproduce import DIFFERS, ONLY_HERE, cell_differences, read_study  # noqa: E402
 
 # summary keys that say how long, where or from which file, not what was computed
 # (`process`, `startup_seconds`: whether the job ran in a fork server's child and how long it took to start)

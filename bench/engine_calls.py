@@ -29,11 +29,11 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from dlcrepro import config as config_mod
-    from dlcrepro import data
-    from dlcrepro.engine import VLLMEngine
-    from dlcrepro.model import load_tokenizer
-    from dlcrepro.paths import model_dir
+    from dlcrepro.core import config as config_mod
+    from dlcrepro.step import data
+    from dlcrepro.step.engine import VLLMEngine
+    from dlcrepro.step.model import load_tokenizer
+    from dlcrepro.core.paths import model_dir
 
     cfg = config_mod.load(args.config)
     mdir = model_dir(cfg, args.model)

@@ -26,8 +26,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dlcrepro.config import load  # noqa: E402
-from dlcrepro.diagnostics import mismatch_metrics, mismatch_parts  # noqa: E402
+from dlcrepro.core.config import load  # noqa: E402
+from dlcrepro.step.diagnostics import mismatch_metrics, mismatch_parts  # noqa: E402
 
 
 def batch(responses: int, length: int, seed: int = 0):

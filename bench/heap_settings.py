@@ -1,4 +1,4 @@
-"""What dlcrepro/heap.py's settings save, and that they change no number: cells with and without them.
+"""What dlcrepro/run/heap.py's settings save, and that they change no number: cells with and without them.
 
     .venv/bin/python bench/heap_settings.py [--config configs/tiny.yaml] [--steps 20] [--repeats 2]
         [--cells bf16/pg stale/dlc]

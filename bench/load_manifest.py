@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from dlcrepro.config import EngineConfig, load
-from dlcrepro.engine import VLLMEngine, WeightLoadError
-from dlcrepro.model import build_tiny_model, load_model
+from dlcrepro.core.config import EngineConfig, load
+from dlcrepro.step.engine import VLLMEngine, WeightLoadError
+from dlcrepro.step.model import build_tiny_model, load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))

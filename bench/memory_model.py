@@ -47,9 +47,9 @@ from torch.utils._pytree import tree_flatten
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dlcrepro import gpu_check  # noqa: E402
-from dlcrepro.arch import QWEN3_ARCH  # noqa: E402
-from dlcrepro.rehearsal import REHEARSAL_ARCH  # noqa: E402
+from dlcrepro.run import gpu_check  # noqa: E402
+from dlcrepro.core.arch import QWEN3_ARCH  # noqa: E402
+from dlcrepro.study.rehearsal import REHEARSAL_ARCH  # noqa: E402
 
 ARCHS = {"rehearsal": REHEARSAL_ARCH, **QWEN3_ARCH}
 PAPER_CORRECTIONS = ("pg", "center", "is", "is_center", "ppo", "dlc", "is_resync")
@@ -114,8 +114,8 @@ def build(arch: dict, layers: int, vocab: int | None = None, fake=None):
 def learner(model, correction: str, dtype: str, rows: int):
     """The run's Learner around `model` (θ_s and θ_0 its copies), its micro-batch `rows` sequences and
     no token bound: one micro-batch per call."""
-    from dlcrepro import learner as lrn
-    from dlcrepro.config import TrainConfig
+    from dlcrepro.step import learner as lrn
+    from dlcrepro.core.config import TrainConfig
 
     tcfg = TrainConfig(micro_batch=rows, micro_batch_tokens=0, lr=0.02)
     if not isinstance(next(model.parameters()), FakeTensor):
@@ -152,7 +152,7 @@ def micro_batch(ln, path: str, s, r) -> None:
     gradient), else the learner's correction's gradient (`Learner.correction_grad`: logits at θ_t
     recomputed, θ_s's distribution from its own forward, the engine's q where the correction reads
     it), as a step of more than one micro-batch runs them."""
-    from dlcrepro.learner import BatchLogProbs
+    from dlcrepro.step.learner import BatchLogProbs
 
     if path == "probe":
         ln.pg_grad(s)
@@ -166,7 +166,7 @@ def micro_batch(ln, path: str, s, r) -> None:
 def no_diagnostics():
     """Shape-only tensors hold no values: skip the correction's diagnostics (floats of the weights),
     computed after the gradient and allocating nothing of note."""
-    from dlcrepro import learner as lrn
+    from dlcrepro.step import learner as lrn
 
     real = lrn.weight_diagnostics
     lrn.weight_diagnostics = lambda *a, **k: {}
@@ -298,7 +298,7 @@ def logits(args) -> None:
     probe path and every registered correction: T fixed, R varied, one layer. Real float32 tensors
     at rehearsal size (V = 3,072: every correction, the rejections' data-dependent means included),
     and shape-only bf16 tensors at Qwen3-0.6B's V = 151,936 for the paper's."""
-    from dlcrepro.corrections import CORRECTIONS
+    from dlcrepro.step.corrections import CORRECTIONS
 
     for arch, dtype, fake, paths in (("rehearsal", "float32", False, ["probe", *CORRECTIONS]),
                                      ("qwen3-0.6b", "bfloat16", True, ["probe", *PAPER_CORRECTIONS])):
@@ -351,8 +351,8 @@ def valueless_step():
     """What a shape-only step cannot compute, made to return a number after doing its tensor work:
     the KL's float (log_probs), the squared distances (learner_step) and the correction's
     diagnostics."""
-    from dlcrepro import diagnostics
-    from dlcrepro import learner as lrn
+    from dlcrepro.step import diagnostics
+    from dlcrepro.step import learner as lrn
 
     kl, dist = lrn.kl_rows, diagnostics.squared_distance
     lrn.kl_rows = lambda p, q: (kl(p, q), torch.zeros(()))[1]
@@ -375,9 +375,9 @@ def largest_micro_batches(ln, s, r, keep: int = 3):
     """The batch (s, r) cut to its `keep` micro-batches of most response tokens, the largest last:
     a step's peak is set by its largest micro-batch once the flat gradients of the earlier ones are
     held (from the third on), so these three give the whole step's peak in a tenth of its time."""
-    from dlcrepro.engine import Rollout
-    from dlcrepro.model import make_token_batch
-    from dlcrepro.learner import Scored
+    from dlcrepro.step.engine import Rollout
+    from dlcrepro.step.model import make_token_batch
+    from dlcrepro.step.learner import Scored
 
     bounds = [(sl.stop - sl.start, i) for i, (_, sl) in enumerate(ln.micro_batches(s.tb))]
     starts = [0]
@@ -402,7 +402,7 @@ def paper_step(arch: str, layers: int = 28, correction: str = "dlc", micro_batch
     torch.cuda.max_memory_allocated reported on the H200."""
     import dataclasses
 
-    from dlcrepro.config import load
+    from dlcrepro.core.config import load
 
     cfg = load(ROOT / "configs" / "paper.yaml")
     name = arch if arch in cfg.models else "qwen3-0.6b"
@@ -442,8 +442,8 @@ def step(_args) -> None:
     4 micro-batches of 8 × 150 tokens), its counted peak against what cluster.peak_memory composes:
     the flat gradients alive while the correction's micro-batches run (g_on, g_on′ and the running
     sum: 12P) + one micro-batch's measured peak. The θ copies exist before the count."""
-    from dlcrepro.config import TrainConfig
-    from dlcrepro.learner import Learner
+    from dlcrepro.core.config import TrainConfig
+    from dlcrepro.step.learner import Learner
 
     arch = ARCHS["rehearsal"]
     for dtype in ("float32", "bfloat16"):

@@ -33,9 +33,9 @@ from pathlib import Path
 
 import torch
 
-from dlcrepro.config import load
-from dlcrepro.model import make_token_batch
-from dlcrepro.train import Cell, PhaseTimer, Trainer
+from dlcrepro.core.config import load
+from dlcrepro.step.model import make_token_batch
+from dlcrepro.step.train import Cell, PhaseTimer, Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))

@@ -30,10 +30,10 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dlcrepro import tracking  # noqa: E402
-from dlcrepro.config import load  # noqa: E402
-from dlcrepro.celldir import run_cell  # noqa: E402
-from dlcrepro.train import PHASES  # noqa: E402
+from dlcrepro.core import tracking  # noqa: E402
+from dlcrepro.core.config import load  # noqa: E402
+from dlcrepro.study.celldir import run_cell  # noqa: E402
+from dlcrepro.step.train import PHASES  # noqa: E402
 
 ALL = ["tensorboard", "wandb", "mlflow"]
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from dlcrepro import gpu_check
-from dlcrepro.config import load
-from dlcrepro.model import build_tiny_model
-from dlcrepro.learner import Learner
+from dlcrepro.run import gpu_check
+from dlcrepro.core.config import load
+from dlcrepro.step.model import build_tiny_model
+from dlcrepro.step.learner import Learner
 
 
 def main() -> None:

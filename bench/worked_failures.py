@@ -14,10 +14,10 @@ import re
 import sys
 from fractions import Fraction
 
-from dlcrepro import countdown, data
-from dlcrepro.config import load
-from dlcrepro.engine import VLLMEngine
-from dlcrepro.model import load_tokenizer
+from dlcrepro.step import countdown, data
+from dlcrepro.core.config import load
+from dlcrepro.step.engine import VLLMEngine
+from dlcrepro.step.model import load_tokenizer
 
 STEP = re.compile(r"(-?[\d/]+)([-+*/])(-?[\d/]+)=(-?[\d/]+)")
 

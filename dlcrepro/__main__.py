@@ -1,11 +1,11 @@
 import os
 import sys
 
-from .heap import keep_freed_memory
+from .run.heap import keep_freed_memory
 
 keep_freed_memory()  # before torch and vLLM allocate: every later step's tensors reuse the heap (heap.py)
 
-from .cli import main  # noqa: E402
+from .run.cli import main  # noqa: E402
 
 status = main()
 if "vllm" in sys.modules:

@@ -10,7 +10,7 @@ PY="${PYTHON:-python3}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0
 echo "gpu_check: $("$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)')"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-timeout 480 "$PY" -m dlcrepro.gpu_check "$@"
+timeout 480 "$PY" -m dlcrepro.run.gpu_check "$@"
 rc=$?
 [ $rc -eq 124 ] && echo "FAIL gpu_check ran past its 8 minutes"
 exit $rc

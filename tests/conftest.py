@@ -133,7 +133,7 @@ def built_once(tmp_path_factory, name: str):
 
 @pytest.fixture(scope="session")
 def smoke_cfg():
-    from dlcrepro.config import load
+    from dlcrepro.core.config import load
 
     return load(SMOKE)
 
@@ -178,10 +178,10 @@ def smoke_warm_start(tmp_path_factory) -> WarmStart:
 
 @pytest.fixture(scope="session")
 def fork_server(tmp_path_factory):
-    """A fork server (dlcrepro/server.py) for the test run: a `python -m dlcrepro train` given
+    """A fork server (dlcrepro/run/server.py) for the test run: a `python -m dlcrepro train` given
     `--server` with its socket runs as the server's child, without ~10 s of imports and teardown. It
     runs each job through the same `cli.main`, and a job it cannot take runs in its own process."""
-    from dlcrepro.server import private_dir
+    from dlcrepro.run.server import private_dir
 
     path = str(private_dir() / f"tests-{os.getpid()}.sock")
     log = tmp_path_factory.mktemp("fork-server") / "serve.log"
@@ -337,7 +337,7 @@ def warm_outdirs(tmp_path, smoke_warm_start):
     return out, slurm_out_config(out), list(smoke_warm_start.SNAKEMAKE_ARGS)
 
 
-# A job killed at each moment of its cell, one after another (dlcrepro/procs.py's pause points: the job
+# A job killed at each moment of its cell, one after another (dlcrepro/core/procs.py's pause points: the job
 # stops itself there, the test SIGKILLs it as a node failure would, snakemake's retry (`--retries`) is
 # the next attempt and stops at the next moment): (the moment as DLCREPRO_PAUSE_AT names it, the steps
 # the cell had finished when killed). A phase's count is its pass in that attempt's process. KILL_TRAIN:
@@ -385,7 +385,7 @@ def kill_in_a_chain(cmd: list[str], cell: Path, tmp_path: Path, env: dict | None
     steps left to the retry, seconds from the kill to the retry's own kill or end)."""
     import pandas as pd
 
-    from dlcrepro import procs
+    from dlcrepro.core import procs
 
     env = {**os.environ, **(env or {})}
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800, env=env)

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from dlcrepro import analysis as A
-from dlcrepro import tables as T
+from dlcrepro.report import analysis as A
+from dlcrepro.report import tables as T
 
 NAN = math.nan
 
@@ -263,8 +263,8 @@ def _study(cells, seeds=(0, 1)):
     [("bf16", "pg"), ("fp8", "pg")],  # no lagged sampler
 ], ids=["one-cell", "no-reference", "no-lagged-sampler"])
 def test_every_table_and_figure_comes_out_of_a_sub_grid(tmp_path, cells):
-    from dlcrepro import figures as F
-    from dlcrepro import outputs
+    from dlcrepro.report import figures as F
+    from dlcrepro.report import outputs
 
     steps, runs = _study(cells, seeds=(0,))
     t = T.write_all(steps, runs, tmp_path / "tables", n_boot=50, replicates=[[0], [1]])

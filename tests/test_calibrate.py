@@ -25,8 +25,8 @@ from dlcrepro.cluster import (
 from dlcrepro.cluster.calibrate import cost_class, measurements, phase_counts, phase_rates
 from dlcrepro.cluster.cells import grid_cells
 from dlcrepro.cluster.resources import job_resources
-from dlcrepro.grid import computed_as
-from dlcrepro.phases import PHASES
+from dlcrepro.core.grid import computed_as
+from dlcrepro.core.phases import PHASES
 
 REHEARSAL = ROOT / "configs" / "rehearsal.yaml"
 PAPER = ROOT / "configs" / "paper.yaml"

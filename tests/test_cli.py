@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from conftest import ROOT, SMOKE
-from dlcrepro.cli import main
+from dlcrepro.run.cli import main
 
 
 @pytest.mark.parametrize(
@@ -95,7 +95,7 @@ def test_an_unknown_name_in_a_job_exits_2_in_one_line_before_writing(tmp_path, c
 def test_an_internal_key_error_keeps_its_traceback(monkeypatch):
     """A KeyError from the code itself is a bug, not a user's mistake: it propagates (the interpreter
     prints its traceback and exits 1) instead of becoming a one-line exit 2."""
-    import dlcrepro.cli as cli
+    import dlcrepro.run.cli as cli
 
     def broken(args):
         return {}["no such key"]

@@ -14,7 +14,7 @@ import yaml
 
 from conftest import PAPER_MODELS, QWEN3_CONFIGS, ROOT, SMOKE, cache_repo, fake_hf_cache
 from dlcrepro import cluster
-from dlcrepro.config import load
+from dlcrepro.core.config import load
 
 PAPER = ROOT / "configs" / "paper.yaml"
 
@@ -209,7 +209,7 @@ def test_one_job_resources_function_by_job_kind():
 @pytest.fixture(scope="module")
 def untrained_tiny(tmp_path_factory):
     """The smoke config's tiny model after one warm-start step: answers to count, not to score."""
-    from dlcrepro.warmstart import warmstart
+    from dlcrepro.study.warmstart import warmstart
 
     out = tmp_path_factory.mktemp("tiny")
     warmstart(load(SMOKE, {"models.tiny.warmstart.steps": 1}), "tiny", out)
@@ -230,7 +230,7 @@ SHIPPED_EVALS = sorted(set().union(*(eval_settings(p) for p in sorted((ROOT / "c
 def test_the_cost_model_counts_the_answers_an_evaluation_generates(untrained_tiny, eval_on, eval_mode, eval_samples, pooled):
     """A real Trainer.evaluate, with each evaluation setting of configs/*.yaml on the tiny model
     (4 test problems, a pool of 3): the answers its engine returns are the formula's."""
-    from dlcrepro.train import Trainer
+    from dlcrepro.step.train import Trainer
 
     cfg = load(SMOKE, {"task.n_test": 4, "train.pool_size": 3 if pooled else 0, "train.eval_on": eval_on,
                        "train.eval_mode": eval_mode, "train.eval_samples": eval_samples})
@@ -446,7 +446,8 @@ def gpu_config(**gpu):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch has no CUDA device")
 def test_a_gpu_config_stops_before_anything_loads_naming_the_environment_and_the_fix(tmp_path, monkeypatch):
-    from dlcrepro import celldir, train
+    from dlcrepro.study import celldir
+    from dlcrepro.step import train
 
     def must_not_run(*a, **k):
         raise AssertionError("a model or engine was loaded before the device check")
@@ -495,8 +496,8 @@ def test_a_gpu_config_job_exits_at_once_with_the_error(tmp_path):
 def test_a_job_finds_an_hf_model_given_by_its_id(tmp_path, monkeypatch):
     """The workflow hands a paper job `--model-dir Qwen/Qwen3-0.6B` (the config's path): the job
     finds its snapshot in the local cache, and a model missing there is an error saying how to fetch it."""
-    from dlcrepro.config import ConfigError
-    from dlcrepro.celldir import cell_model_dir
+    from dlcrepro.core.config import ConfigError
+    from dlcrepro.study.celldir import cell_model_dir
 
     cfg = cluster.load_merged([str(PAPER)])
     monkeypatch.setenv("HF_HUB_CACHE", str(fake_hf_cache(tmp_path / "hub", models=PAPER_MODELS[:1], datasets=())))

@@ -7,7 +7,7 @@ import typing
 import pytest
 import yaml
 
-from dlcrepro.config import (
+from dlcrepro.core.config import (
     _ALIGNMENT,
     Config,
     ConfigError,
@@ -23,7 +23,7 @@ from dlcrepro.config import (
     literal_choices,
     load,
 )
-from dlcrepro.paths import model_dir, resolve_dataset_path, resolve_local
+from dlcrepro.core.paths import model_dir, resolve_dataset_path, resolve_local
 from conftest import ROOT, SMOKE, cache_repo
 
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -181,7 +181,7 @@ def test_every_numeric_key_has_a_range():
 
 
 def test_the_workflow_schema_has_the_config_ranges():
-    """The ranges are given once, in dlcrepro/config.py; the schema's copy must say the same."""
+    """The ranges are given once, in dlcrepro/core/config.py; the schema's copy must say the same."""
     schema = yaml.safe_load(SCHEMA.read_text())
     want = {key: _as_schema(f.metadata["range"]) for key, f in RANGED.items()}
     assert _schema_bounds(schema) == {k: v for k, v in want.items() if v}
@@ -346,9 +346,9 @@ QWEN3_STYLE_TEMPLATE = (
 
 
 def test_chat_prompt_is_the_instruction_through_the_template_with_thinking_disabled():
-    from dlcrepro import data
-    from dlcrepro.countdown import Problem
-    from dlcrepro.model import build_tokenizer
+    from dlcrepro.step import data
+    from dlcrepro.step.countdown import Problem
+    from dlcrepro.step.model import build_tokenizer
 
     tok = build_tokenizer()
     tok.chat_template = QWEN3_STYLE_TEMPLATE
@@ -392,7 +392,7 @@ def test_schema_and_dataclasses_have_the_same_keys_and_choices(path):
 def test_an_overlay_stands_on_its_own_through_its_base(tmp_path, monkeypatch):
     """configs/zoo.yaml names configs/tiny.yaml as its base: alone or after tiny.yaml it is the same
     config; a missing base or a cycle is an error naming the file."""
-    from dlcrepro.config import read_layers
+    from dlcrepro.core.config import read_layers
 
     monkeypatch.chdir(ROOT)
     alone, layered = read_layers(["configs/zoo.yaml"]), read_layers(["configs/tiny.yaml", "configs/zoo.yaml"])

@@ -7,14 +7,14 @@ import math
 import pytest
 import torch
 
-from dlcrepro.corrections import (
+from dlcrepro.step.corrections import (
     CORRECTIONS,
     CorrectionParams,
     TokenTerms,
     engine_distribution,
     get_correction,
 )
-from dlcrepro.diagnostics import mismatch_metrics
+from dlcrepro.step.diagnostics import mismatch_metrics
 
 P = CorrectionParams(clip_c=2.0, ppo_eps=0.2)
 

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from dlcrepro.corrections import CORRECTIONS, CorrectionParams, TokenTerms, get_correction
+from dlcrepro.step.corrections import CORRECTIONS, CorrectionParams, TokenTerms, get_correction
 
 P = CorrectionParams()  # the defaults: the publications' thresholds
 V = 5

@@ -10,9 +10,10 @@ import torch
 import yaml
 
 from conftest import ROOT, SMOKE
-from dlcrepro import analysis, registry
-from dlcrepro.config import ConfigError, TrainConfig, build, load
-from dlcrepro.corrections import (
+from dlcrepro.report import analysis
+from dlcrepro.core import registry
+from dlcrepro.core.config import ConfigError, TrainConfig, build, load
+from dlcrepro.step.corrections import (
     CORRECTIONS,
     CorrectionParams,
     TokenWeights,
@@ -56,7 +57,7 @@ def test_every_threshold_is_a_train_key_with_the_same_default():
 
 
 def test_a_name_missing_from_the_registry_cannot_register():
-    from dlcrepro.corrections import register_correction
+    from dlcrepro.step.corrections import register_correction
 
     with pytest.raises(ValueError, match="no entry in registry.CORRECTION_INFO"):
         register_correction("not_listed")(lambda t, p: None)

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlcrepro import countdown
-from dlcrepro.countdown import Problem, score
+from dlcrepro.step import countdown
+from dlcrepro.step.countdown import Problem, score
 
 
 # ----------------------------------------------------------------------------- hand cases

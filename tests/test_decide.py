@@ -1,4 +1,4 @@
-"""The sequential design (`snakemake decide`, dlcrepro/decide.py): which cells the next look trains
+"""The sequential design (`snakemake decide`, dlcrepro/study/decide.py): which cells the next look trains
 given a findings table, where it stops, the workflow's checkpoint, and the plan's price of it."""
 
 import json
@@ -13,12 +13,12 @@ import pytest
 import yaml
 
 from conftest import ROOT, SMOKE
-from dlcrepro import decide as D
-from dlcrepro import findings as F
+from dlcrepro.study import decide as D
+from dlcrepro.report import findings as F
 from dlcrepro.cluster import load_merged
-from dlcrepro.config import ConfigError
-from dlcrepro.grid import SAMPLERS
-from dlcrepro.registry import CORRECTION_INFO
+from dlcrepro.core.config import ConfigError
+from dlcrepro.core.grid import SAMPLERS
+from dlcrepro.core.registry import CORRECTION_INFO
 
 GRID = [f"tiny/{s}/{c}" for s in ("bf16", "fp8", "stale") for c in ("pg", "center", "is", "is_center", "dlc")]
 
@@ -148,7 +148,7 @@ def test_the_gpu_hour_cap_stops_the_looks_before_a_batch_that_would_pass_it():
 
 def test_the_adapter_reads_todays_findings_table_pooled_over_every_seed():
     """pooled_verdicts on the findings table of the committed study's findings input."""
-    from dlcrepro.tables import read_findings_input
+    from dlcrepro.report.tables import read_findings_input
 
     steps, runs = read_findings_input(ROOT / "paper_tables")
     seeds = ",".join(str(k) for k in sorted(runs["seed"].unique()))
@@ -172,7 +172,7 @@ def test_the_plan_prices_each_look_of_the_paper_at_the_cap_and_as_expected():
     rows = [re.match(r"\s+(\d+)\s+(\d+)\s+(\d+) cells\s+([\d.]+)\s+(\d+) cells\s+([\d.]+)", x) for x in lines]
     rows = [r.groups() for r in rows if r]
     assert [int(r[1]) for r in rows] == [6, 9, 12, 15, 18, 21]
-    # at the cap: every cell a spendable finding reads (dlcrepro/decide.py CELLS_READ) that the paper's grid
+    # at the cap: every cell a spendable finding reads (dlcrepro/study/decide.py CELLS_READ) that the paper's grid
     # has x 2 models x 3 seeds a look
     from dlcrepro import cluster
 

@@ -3,10 +3,10 @@ import math
 import pytest
 import torch
 
-from dlcrepro import diagnostics as d
-from dlcrepro.celldir import summarize
-from dlcrepro.learner import advantages
-from dlcrepro.train import Cell
+from dlcrepro.step import diagnostics as d
+from dlcrepro.study.celldir import summarize
+from dlcrepro.step.learner import advantages
+from dlcrepro.step.train import Cell
 
 
 def test_ess_of_equal_weights_is_one():

@@ -1,6 +1,6 @@
 """The docs name only what exists: every name in backticks in docs/*.md and the README that looks
 like a code path resolves in the repository. What looks like one: a repository path
-(`dlcrepro/engine.py`, `tests/test_engine.py::test_name`), a module's file (`engine.py`), and a
+(`dlcrepro/step/engine.py`, `tests/test_engine.py::test_name`), a module's file (`engine.py`), and a
 dotted name whose first part is one of the package's modules or classes (`engine.CHECK_SEQS`,
 `Learner.sgd_step`, `cluster.memory.layer_bytes`). A dotted name that is a config key
 (`train.lr`, `engine.topk`) resolves through the config's dataclasses. Read from the source with
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from dlcrepro import config as config_module
+from dlcrepro.core import config as config_module
 
 PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
 PACKAGE = ROOT / "dlcrepro"
@@ -42,6 +42,16 @@ def modules() -> dict[str, ast.Module]:
         name = p.relative_to(PACKAGE).with_suffix("").as_posix().replace("/", ".").removesuffix(".__init__")
         out[name] = ast.parse(p.read_text(encoding="utf-8"))
     return out
+
+
+@cache
+def short_names() -> dict[str, str]:
+    """A module's own name -> its name inside the package (`engine` -> `step.engine`), where one
+    module has it: the docs name a module as the code does, `engine.py`, not by its layer's folder."""
+    last: dict[str, list[str]] = {}
+    for name in modules():
+        last.setdefault(name.rpartition(".")[2], []).append(name)
+    return {k: v[0] for k, v in last.items() if len(v) == 1 and "." in v[0]}
 
 
 def members(node, imports: bool = False) -> dict[str, ast.AST | None]:
@@ -120,6 +130,7 @@ def code_name(span: str) -> bool | None:
     mods = modules()
     for k in range(len(parts), 0, -1):  # the longest module prefix: cluster.memory.layer_bytes
         mod = ".".join(parts[:k])
+        mod = mod if mod in mods or k > 1 else short_names().get(mod, mod)
         if mod in mods:
             package = (PACKAGE / mod.replace(".", "/") / "__init__.py").exists()
             return resolves_in(mods[mod], parts[k:], package) or config_key(parts)
@@ -142,7 +153,8 @@ def path_resolves(span: str) -> bool | None:
             return False
         return not test or re.search(rf"^\s*def {re.escape(test.split('[')[0])}\(", file.read_text(), re.M) is not None
     if re.fullmatch(r"[a-z_]+\.py", path):
-        return any((d / path).exists() for d in (PACKAGE, PACKAGE / "cluster", ROOT / "tests", ROOT / "bench", ROOT / "scripts"))
+        layers = [d for d in PACKAGE.iterdir() if d.is_dir()]
+        return any((d / path).exists() for d in (PACKAGE, *layers, ROOT / "tests", ROOT / "bench", ROOT / "scripts"))
     return None
 
 

@@ -249,7 +249,7 @@ def test_every_generated_findings_block_is_what_findings_csv_gives():
     paper_tables/findings.csv (`python -m dlcrepro docs`): each block as the table gives it now."""
     import pandas as pd
 
-    from dlcrepro import findings_docs as D
+    from dlcrepro.report import findings_docs as D
 
     committed = pd.read_csv(FINDINGS_CSV)
     stale = []
@@ -269,7 +269,7 @@ VERDICT_COUNT = re.compile(r"\b\d+ (?:seen|not seen|not replicated|contradicted|
 def test_no_page_counts_verdicts_outside_a_generated_block():
     """One count: a verdict count typed by hand (README, docs/) would drift from findings.csv. The
     lab notebook, docs/measurements.md, keeps dated counts of earlier studies and is left out."""
-    from dlcrepro import findings_docs as D
+    from dlcrepro.report import findings_docs as D
 
     typed = []
     for page in DOCS:
@@ -283,7 +283,7 @@ def test_no_page_counts_verdicts_outside_a_generated_block():
 def test_the_count_is_the_tables_and_a_changed_verdict_changes_it():
     import pandas as pd
 
-    from dlcrepro import findings_docs as D
+    from dlcrepro.report import findings_docs as D
 
     committed = pd.read_csv(FINDINGS_CSV)
     text = D.count_text(committed)
@@ -351,7 +351,7 @@ def test_readme_gpu_hours_are_the_plans():
     """The README quotes what `python -m dlcrepro plan --config configs/paper.yaml` prints: minutes
     per trained job of each model, the trained cells and copies, GPU-hours estimated and requested."""
     from dlcrepro import cluster
-    from dlcrepro.config import load
+    from dlcrepro.core.config import load
 
     cfg = load(ROOT / "configs" / "paper.yaml")
     plan = cluster.plan_text(cfg, "configs/paper.yaml")

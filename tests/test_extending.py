@@ -69,9 +69,9 @@ def study_config(out, warm_start) -> list[str]:
 def test_a_correction_added_as_one_function_and_one_registry_entry_reaches_the_tables(tmp_path, smoke_warm_start):
     repo = tmp_path / "checkout"
     copy_checkout(repo)
-    with open(repo / "dlcrepro" / "corrections.py", "a") as f:
+    with open(repo / "dlcrepro" / "step" / "corrections.py", "a") as f:
         f.write(THROWAWAY_FUNCTION)
-    with open(repo / "dlcrepro" / "registry.py", "a") as f:
+    with open(repo / "dlcrepro" / "core" / "registry.py", "a") as f:
         f.write(THROWAWAY_ENTRY)
 
     out = tmp_path / "out"
@@ -109,9 +109,9 @@ def test_a_correction_added_as_one_function_and_one_registry_entry_reaches_the_t
 def test_a_figure_added_as_one_function_and_one_entry_in_the_outputs_is_drawn_and_reported(tmp_path, smoke_warm_start):
     repo = tmp_path / "checkout"
     copy_checkout(repo)
-    with open(repo / "dlcrepro" / "figures.py", "a") as f:
+    with open(repo / "dlcrepro" / "report" / "figures.py", "a") as f:
         f.write(THROWAWAY_FIGURE)
-    with open(repo / "dlcrepro" / "outputs.py", "a") as f:
+    with open(repo / "dlcrepro" / "report" / "outputs.py", "a") as f:
         f.write(THROWAWAY_FIGURE_ENTRY)
 
     out = tmp_path / "out"
@@ -158,7 +158,7 @@ def test_a_metric_added_as_one_function_reaches_the_step_rows_and_the_scan(tmp_p
     probe steps, which is no fault) and the batch-size scan's rows carry them too."""
     repo = tmp_path / "checkout"
     copy_checkout(repo)
-    with open(repo / "dlcrepro" / "diagnostics.py", "a") as f:
+    with open(repo / "dlcrepro" / "step" / "diagnostics.py", "a") as f:
         f.write(THROWAWAY_METRICS)
     env = {**os.environ, "PYTHONPATH": str(repo)}  # the copy's package, not the installed one
     env.pop("DLCREPRO_SERVER", None)  # its own process: a fork server has the installed package imported

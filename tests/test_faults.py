@@ -20,8 +20,8 @@ import yaml
 from conftest import (KILL_TRAIN, KILLS, ROOT, SMOKE, check_kill_table, kill_in_a_chain, stopped_after,
                       wait_for)
 
-from dlcrepro import procs
-from dlcrepro.checkpoint import sidecar, verified_step
+from dlcrepro.core import procs
+from dlcrepro.step.checkpoint import sidecar, verified_step
 
 pytestmark = pytest.mark.slow
 
@@ -149,7 +149,7 @@ def test_a_stop_signal_to_snakemake_stops_every_job_and_the_fork_server_and_the_
 @pytest.fixture(scope="module")
 def server(study):
     """A fork server for the cells these tests run alone (seconds each instead of imports each)."""
-    from dlcrepro.server import private_dir
+    from dlcrepro.run.server import private_dir
 
     path = str(private_dir() / f"faults-{os.getpid()}.sock")
     log = study[0] / "faults-server.log"

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from dlcrepro import diagnostics as d
-from dlcrepro.divergence import check_finite
-from dlcrepro.util import NonFiniteError
+from dlcrepro.step import diagnostics as d
+from dlcrepro.step.divergence import check_finite
+from dlcrepro.core.util import NonFiniteError
 
 T = torch.float64
 

@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 from matplotlib.text import Text
 
-from dlcrepro import analysis as A
-from dlcrepro import figures as F
-from dlcrepro import outputs
-from dlcrepro.registry import CORRECTION_INFO
+from dlcrepro.report import analysis as A
+from dlcrepro.report import figures as F
+from dlcrepro.report import outputs
+from dlcrepro.core.registry import CORRECTION_INFO
 
 from test_analysis import NAN, run_rows
 
@@ -158,7 +158,7 @@ def test_the_papers_values_are_marked_where_a_figure_shows_what_it_reports():
 
 
 def test_the_summary_figure_sets_each_finding_beside_the_paper():
-    from dlcrepro import findings as FD
+    from dlcrepro.report import findings as FD
 
     steps, runs = study([("bf16", "pg"), ("fp8", "pg"), ("fp8", "center"), ("stale", "is"), ("stale", "dlc")], seeds=(0, 1, 2, 3))
     runs["initial_test_accuracy"], runs["resync_steps"] = 0.1, "[]"
@@ -261,7 +261,7 @@ def test_the_summary_figure_brackets_only_intervals():
 
 
 def test_every_headline_number_carries_its_unit():
-    from dlcrepro import findings as FD
+    from dlcrepro.report import findings as FD
 
     for f in FD.FINDINGS:
         row = pd.Series({"seeds 0 value": 0.5, "seeds 0 low": NAN, "seeds 0 high": NAN, "seeds 0": "✓ x", "unit": f.unit})
@@ -272,7 +272,7 @@ def test_every_headline_number_carries_its_unit():
 
 
 def test_the_summary_figure_tells_an_interval_from_a_range_in_its_legend_and_cuts_no_text():
-    from dlcrepro import findings as FD
+    from dlcrepro.report import findings as FD
 
     steps, runs = study([("bf16", "pg"), ("fp8", "pg"), ("fp8", "center"), ("stale", "is"), ("stale", "dlc")], seeds=(0, 1, 2, 3))
     runs["initial_test_accuracy"], runs["resync_steps"] = 0.1, "[]"
@@ -280,7 +280,7 @@ def test_the_summary_figure_tells_an_interval_from_a_range_in_its_legend_and_cut
     assert FD.replicate_columns(table) == ["seeds 0,1", "seeds 2,3"]  # not "seeds to decide"
     fig = F.findings(table)
     texts = legend_texts(fig)
-    from dlcrepro.sequential import DESIGN
+    from dlcrepro.report.sequential import DESIGN
 
     level = f"[a, b]: {100 * DESIGN.level:.2f} % t-interval"
     assert any(t.startswith(level) for t in texts) and any(t.startswith("(runs a to b)") for t in texts)

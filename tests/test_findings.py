@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dlcrepro import findings as F
-from dlcrepro import intervals as I
-from dlcrepro.sequential import DESIGN
+from dlcrepro.report import findings as F
+from dlcrepro.report import intervals as I
+from dlcrepro.report.sequential import DESIGN
 
 NAN = math.nan
 SIX = (0, 1, 2, 3, 4, 5)
@@ -61,9 +61,9 @@ def test_f4_holds_only_when_the_whole_paired_interval_is_inside_the_margin():
 
 def test_f7_reads_the_paper_ppo_with_several_sgd_steps_not_ppo_which_is_pg():
     assert F.PAPER_PPO == "ppo_multi"
-    from dlcrepro.config import TrainConfig
-    from dlcrepro.grid import computed_as
-    from dlcrepro.registry import updates_per_batch
+    from dlcrepro.core.config import TrainConfig
+    from dlcrepro.core.grid import computed_as
+    from dlcrepro.core.registry import updates_per_batch
 
     assert computed_as("stale", "ppo", TrainConfig())[0] == "pg"  # one SGD step: pg's run, a copy
     assert computed_as("stale", F.PAPER_PPO, TrainConfig())[0] == F.PAPER_PPO
@@ -214,7 +214,8 @@ def test_another_machines_verdict_stands_beside_this_ones_never_over_it():
 
 def test_the_rules_commit_is_the_one_whose_message_says_so():
     """findings.RULES_COMMIT, once filled, names a commit of this history whose message starts
-    "Rules for the rerun:" and which changed dlcrepro/findings.py."""
+    "Rules for the rerun:" and which changed the findings' module (dlcrepro/findings.py before the
+    layers' folders, dlcrepro/report/findings.py since)."""
     import shutil
     import subprocess
 
@@ -230,7 +231,7 @@ def test_the_rules_commit_is_the_one_whose_message_says_so():
     assert show.stdout.startswith("Rules for the rerun:")
     files = subprocess.run(["git", "show", "--name-only", "--format=", F.RULES_COMMIT], cwd=ROOT, capture_output=True,
                            text=True).stdout
-    assert "dlcrepro/findings.py" in files.split()
+    assert {"dlcrepro/findings.py", "dlcrepro/report/findings.py"} & set(files.split())
 
 
 def test_one_command_rebuilds_findings_csv_from_the_findings_input_alone(tmp_path):
@@ -240,8 +241,9 @@ def test_one_command_rebuilds_findings_csv_from_the_findings_input_alone(tmp_pat
     findings.csv and findings.md byte for byte."""
     import shutil
 
-    from dlcrepro import cli, outputs
-    from dlcrepro import tables as T
+    from dlcrepro.run import cli
+    from dlcrepro.report import outputs
+    from dlcrepro.report import tables as T
 
     seeds, reps = (0, 1, 2, 3, 4, 5), [[0, 1, 2], [3, 4, 5]]
     cells = {("bf16", "pg"): {"final": [0.40, 0.50, 0.45, 0.47, 0.44, 0.52]},

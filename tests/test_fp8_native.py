@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlcrepro import quant
-from dlcrepro.config import ConfigError, EngineConfig, load
-from dlcrepro.engine import fp8_backend
-from dlcrepro.gpu_check import ALIGNED_ARCH as ALIGNED  # linear widths all multiples of 128
-from dlcrepro.model import build_tiny_model, build_tokenizer, save_model_dir
+from dlcrepro.step import quant
+from dlcrepro.core.config import ConfigError, EngineConfig, load
+from dlcrepro.step.engine import fp8_backend
+from dlcrepro.run.gpu_check import ALIGNED_ARCH as ALIGNED  # linear widths all multiples of 128
+from dlcrepro.step.model import build_tiny_model, build_tokenizer, save_model_dir
 
 
 def test_checkpoint_layout_is_what_vllms_block_fp8_linear_allocates():
@@ -96,7 +96,7 @@ def aligned_model_dir(tmp_path: Path) -> tuple[Path, torch.nn.Module]:
 def test_without_amx_vllm_refuses_the_native_engine_naming_its_block_fp8_kernels(tmp_path: Path, smoke_cfg):
     """On a CPU without AMX, vLLM gets as far as choosing a block-scaled FP8 kernel for each linear layer
     and says it cannot run one: the error a user of `engine.fp8_backend: native` sees there."""
-    from dlcrepro.engine import VLLMEngine
+    from dlcrepro.step.engine import VLLMEngine
 
     if native_fp8_runs_here():
         pytest.skip("this machine has AMX tiles or a GPU: the native engine builds here (the tests below run it)")
@@ -111,7 +111,7 @@ def test_native_engine_builds_vllms_block_fp8_layers_loads_a_correct_push_and_sa
     """Where it runs (AMX or a GPU): every decoder linear layer is vLLM's Fp8LinearMethod, the engine
     refuses to sample before its first load (it starts from dummy weights), a correct push passes the
     load check with every layer within the bound, and the engine then samples."""
-    from dlcrepro.engine import VLLMEngine
+    from dlcrepro.step.engine import VLLMEngine
 
     require_native_fp8()
     mdir, model = aligned_model_dir(tmp_path)
@@ -157,7 +157,7 @@ def test_gpu_check_script_runs_every_piece_on_cpu():
 def test_paper_trainer_piece_runs_a_learner_step_at_the_paper_batch_shape():
     """The paper-trainer piece (Learner alone, the paper config's 512 sequences and micro_batch)
     on a small architecture: every phase runs and the sizes it reports are the paper config's."""
-    from dlcrepro import gpu_check
+    from dlcrepro.run import gpu_check
 
     small = {k: gpu_check.small_arch(v) for k, v in gpu_check.QWEN3_ARCH.items()}
     msg = gpu_check.check_paper_trainer(torch.device("cpu"), models=("qwen3-1.7b",), shape=dict(prompt_len=6, resp_len=(3, 6)),
@@ -177,7 +177,7 @@ FP8_OVER_BF16 = 16
 
 def loaded_engine(mdir: Path, smoke_cfg, precision: str, backend: str, state: dict):
     """A VLLMEngine of the model in `mdir` (fp8_backend `backend`) holding `state` as version 0."""
-    from dlcrepro.engine import VLLMEngine
+    from dlcrepro.step.engine import VLLMEngine
 
     cfg = EngineConfig(**{**smoke_cfg.engine.__dict__, "fp8_backend": backend})
     e = VLLMEngine(str(mdir), cfg, precision, seed=0, max_model_len=64)
@@ -200,8 +200,8 @@ def test_native_fp8_engine_agrees_with_the_emulation_within_one_fp8_rounding(tmp
     discrepancy than BF16, and they differ from each other by at most FP8_OVER_BF16 times the
     BF16-vs-FP32 discrepancy (on AMX the native kernel is W8A16, the emulation W8A8: they differ by the
     activations' FP8 rounding). Skipped, naming AMX, where the native engine cannot run."""
-    from dlcrepro import countdown
-    from dlcrepro.model import make_token_batch, response_logits, token_logprobs
+    from dlcrepro.step import countdown
+    from dlcrepro.step.model import make_token_batch, response_logits, token_logprobs
 
     mdir = tmp_path / "aligned"
     model = build_tiny_model(ALIGNED, 0).eval()

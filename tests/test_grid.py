@@ -1,4 +1,4 @@
-"""Cells that compute another cell's numbers bit for bit (dlcrepro/grid.py): the rule, the proof
+"""Cells that compute another cell's numbers bit for bit (dlcrepro/core/grid.py): the rule, the proof
 by running both, and the copy that replaces the second run."""
 
 import dataclasses
@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from conftest import ROOT, SMOKE
-from dlcrepro.config import TrainConfig, to_dict
-from dlcrepro import grid
-from dlcrepro.grid import SAMPLERS, Sampler, computed_as
-from dlcrepro.registry import CORRECTION_INFO
+from dlcrepro.core.config import TrainConfig, to_dict
+from dlcrepro.core import grid
+from dlcrepro.core.grid import SAMPLERS, Sampler, computed_as
+from dlcrepro.core.registry import CORRECTION_INFO
 
 CORRECTIONS = list(CORRECTION_INFO)  # every registered correction: a new one is checked too
 
@@ -25,7 +25,8 @@ def same_as_map(train: TrainConfig) -> dict[str, dict[str, str]]:
 
 def test_the_grid_module_imports_without_torch():
     # the Snakefile imports it from a Snakemake env that may have no torch
-    code = "import sys, dlcrepro.grid, dlcrepro.config, dlcrepro.registry; assert 'torch' not in sys.modules, 'torch imported'"
+    code = ("import sys, dlcrepro.core.grid, dlcrepro.core.config, dlcrepro.core.registry; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
 
@@ -61,7 +62,7 @@ def test_which_cells_are_another_cells_run():
     assert same_as_map(TrainConfig(clip_c=0.5))["fp8"]["dlc"] == "dlc"
     why = computed_as("fp8", "dlc", TrainConfig())[1]
     # a correction's SGD steps per batch: ppo train.updates_per_batch, ppo_multi and gspo their own, pg one
-    from dlcrepro.registry import updates_per_batch
+    from dlcrepro.core.registry import updates_per_batch
 
     for train in (TrainConfig(), TrainConfig(updates_per_batch=3)):
         assert updates_per_batch("ppo", train) == updates_per_batch("icepop", train) == train.updates_per_batch
@@ -77,8 +78,8 @@ def test_equal_cells_give_identical_metrics_and_the_second_is_a_copy(tiny_model_
     # grid's layout (so nothing is copied); then the second again inside the layout, which copies.
     script = f"""
 from pathlib import Path
-from dlcrepro.config import load
-from dlcrepro.celldir import run_cell
+from dlcrepro.core.config import load
+from dlcrepro.study.celldir import run_cell
 cfg = load({str(SMOKE)!r})
 root = Path({str(tmp_path)!r})
 for sampler, first, second in {pairs!r}:
@@ -104,7 +105,7 @@ for sampler, first, second in {pairs!r}:
 
 
 def test_a_source_run_under_another_config_is_not_copied(tmp_path, smoke_cfg):
-    from dlcrepro.celldir import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, finished_as
+    from dlcrepro.study.celldir import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, finished_as
 
     meta = {"model": "tiny", "sampler": "stale", "correction": "pg", "seed": 0, "model_dir": "m"}
     src = tmp_path / "pg"

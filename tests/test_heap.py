@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dlcrepro import heap
+from dlcrepro.run import heap
 
 
 def glibc_version() -> str | None:

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from dlcrepro import intervals as I
+from dlcrepro.report import intervals as I
 
 REPS = 40_000  # the simulated coverage's own standard error: sqrt(0.95 · 0.05 / 40,000) ≈ 0.11 points
 
@@ -139,9 +139,9 @@ def test_the_log_interval_covers_at_least_90_percent_on_the_committed_cells_own_
     lowest is stale/is_center, one seed far from the others), at 95 % at least 89 %."""
     from conftest import ROOT
 
-    from dlcrepro import analysis as A
-    from dlcrepro.sequential import DESIGN
-    from dlcrepro.tables import read_findings_input
+    from dlcrepro.report import analysis as A
+    from dlcrepro.report.sequential import DESIGN
+    from dlcrepro.report.tables import read_findings_input
 
     steps, runs = read_findings_input(ROOT / "paper_tables")
     runs = runs.drop(columns=["machine", "replicates", "design"], errors="ignore")

@@ -12,8 +12,8 @@ import pytest
 
 from conftest import ROOT, stopped_after, wait_for
 
-from dlcrepro import procs
-from dlcrepro.util import DiskFullError, atomic_save_stream, atomic_write_text, disk_full, file_digest
+from dlcrepro.core import procs
+from dlcrepro.core.util import DiskFullError, atomic_save_stream, atomic_write_text, disk_full, file_digest
 
 
 def test_a_full_disk_is_named_with_its_mount_point_and_what_to_do(tmp_path):
@@ -41,7 +41,7 @@ def test_a_failed_atomic_write_leaves_neither_a_temporary_nor_a_final_file(tmp_p
 
 
 def test_a_checkpoints_sidecar_tells_a_whole_file_from_a_cut_one_and_from_another_run(tmp_path):
-    from dlcrepro import checkpoint
+    from dlcrepro.step import checkpoint
 
     run = {"cell": {"sampler": "stale"}, "config": {"train": {"lr": 0.3}}}
     path = tmp_path / "checkpoint.pt"

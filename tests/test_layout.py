@@ -1,13 +1,18 @@
-"""The package's layering (docs/architecture.md): imports run downward, the one circle left is the
-fork server's, and nothing below the training loop imports it. Read from the source, as a newcomer
-would follow the imports, those under `if TYPE_CHECKING:` included: a circle for the type checker
-is a circle for the reader."""
+"""The package's layering (docs/architecture.md): one folder per layer, each module in one, imports
+run downward through the layers, the one circle left is the fork server's, and nothing below the
+training loop imports it. Read from the source, as a newcomer would follow the imports, those under
+`if TYPE_CHECKING:` included: a circle for the type checker is a circle for the reader."""
 
 import ast
+
+import re
 
 from conftest import ROOT
 
 PACKAGE = ROOT / "dlcrepro"
+# the layers, lowest first: a module imports from its own layer and those before it, never after
+LAYERS = ("core", "step", "cluster", "report", "study", "run")
+ENTRY = {"__init__", "__main__"}  # the package itself and `python -m dlcrepro`, above every layer
 
 
 def imports() -> dict[str, set[str]]:
@@ -69,19 +74,43 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def layer(module: str) -> int:
+    """A module's layer, by the folder it is in (the entry points above all)."""
+    return len(LAYERS) if module in ENTRY else LAYERS.index(module.split(".")[0])
+
+
+def test_every_module_is_in_one_layers_folder():
+    assert {p.name for p in PACKAGE.iterdir() if p.name != "__pycache__"} == {*LAYERS, "__init__.py", "__main__.py"}
+    assert not [m for m in imports() if m not in ENTRY and m.split(".")[0] not in LAYERS]
+
+
+def test_imports_run_down_the_layers():
+    graph = imports()
+    upward = sorted(f"{m} -> {t}" for m, ts in graph.items() for t in ts if layer(t) > layer(m))
+    assert not upward, "a module imports from a layer above its own:\n" + "\n".join(upward)
+
+
+def test_the_architecture_page_lists_the_layers_in_order():
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert tuple(re.findall(r"^\| `dlcrepro/(\w+)/` \|", page, re.M)) == LAYERS
+
+
 def test_the_only_import_circle_is_the_fork_servers():
-    assert circles(imports()) == [["cli", "server"]]
+    assert circles(imports()) == [["run.cli", "run.server"]]
 
 
 def test_the_registries_config_reads_import_nothing_of_config():
     graph = imports()
-    assert {"grid", "registry", "tracking"} <= graph["config"]
-    assert not [m for m in ("grid", "registry", "tracking") if "config" in graph[m]]
+    registries = {"core.grid", "core.registry", "core.tracking"}
+    assert registries <= graph["core.config"]
+    assert not [m for m in registries if "core.config" in graph[m]]
 
 
 def test_nothing_below_the_training_loop_imports_it():
     graph = imports()
-    below = {"learner", "engine", "manifest", "corrections", "diagnostics", "divergence", "seeds", "stamped",
-             "checkpoint", "model", "data", "config", "grid", "registry", "rollouts", "tracking", "util"}
-    assert not [m for m in below if "train" in graph[m]]
-    assert {"learner", "engine", "divergence", "seeds"} <= graph["train"]  # the loop reads its rooms, not the reverse
+    below = {"step.learner", "step.engine", "step.manifest", "step.corrections", "step.diagnostics", "step.divergence",
+             "step.stamped", "step.checkpoint", "step.model", "step.data", "study.rollouts"}
+    below |= {m for m in graph if m.startswith(("core.", "cluster", "report."))}
+    assert not [m for m in below if "step.train" in graph[m]]
+    # the loop reads its rooms, not the reverse
+    assert {"step.learner", "step.engine", "step.divergence", "core.seeds"} <= graph["step.train"]

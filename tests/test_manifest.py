@@ -1,12 +1,12 @@
 """The load manifest by hand (no engine): fingerprints, and a linear layer read by what it computes
-(dlcrepro/manifest.py)."""
+(dlcrepro/step/manifest.py)."""
 
 import math
 
 import pytest
 import torch
 
-from dlcrepro import manifest, quant
+from dlcrepro.step import manifest, quant
 
 
 def test_a_fingerprint_is_u_dot_t_v_with_fixed_vectors():

@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 import torch
 
-from dlcrepro.config import TrainConfig
-from dlcrepro.gpu_check import paper_step_batch
-from dlcrepro.model import build_tiny_model, chunk_bounds, make_token_batch, response_logits, token_logprobs
-from dlcrepro.learner import Learner
+from dlcrepro.core.config import TrainConfig
+from dlcrepro.run.gpu_check import paper_step_batch
+from dlcrepro.step.model import build_tiny_model, chunk_bounds, make_token_batch, response_logits, token_logprobs
+from dlcrepro.step.learner import Learner
 
 VOCAB = 32
 ARCH = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

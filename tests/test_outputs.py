@@ -1,4 +1,4 @@
-"""The study's outputs are one list (dlcrepro/outputs.py): every table and figure it names is drawn
+"""The study's outputs are one list (dlcrepro/report/outputs.py): every table and figure it names is drawn
 by the package, written by the workflow's rules and shown in the report with its caption, and
 nothing is drawn, written or reported that the list lacks."""
 
@@ -10,11 +10,11 @@ import sys
 import pytest
 
 from conftest import ROOT, SMOKE
-from dlcrepro import outputs
+from dlcrepro.report import outputs
 
 
 def test_the_list_imports_without_torch_pandas_or_matplotlib():
-    code = "import sys, dlcrepro.outputs; print(sorted({'torch', 'pandas', 'matplotlib'} & set(sys.modules)))"
+    code = "import sys, dlcrepro.report.outputs; print(sorted({'torch', 'pandas', 'matplotlib'} & set(sys.modules)))"
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert p.stdout.strip() == "[]"
 
@@ -32,7 +32,7 @@ def test_every_listed_figure_is_drawn_and_every_figure_function_is_listed():
     """A figure function: one of figures.py's public functions returning a Figure from the steps
     (and runs) or from the findings table, named by its first parameter; each is registered
     (`@draws`) under the name of the figure it draws, which the list names as reading that input."""
-    from dlcrepro import figures as F
+    from dlcrepro.report import figures as F
 
     def figure_functions(first):
         return {
@@ -54,7 +54,7 @@ def test_every_listed_figure_is_drawn_and_every_figure_function_is_listed():
 
 
 def test_every_listed_table_has_its_caption_in_the_tables():
-    from dlcrepro import tables as T
+    from dlcrepro.report import tables as T
 
     assert set(T.CAPTIONS) == {o.name for o in outputs.TABLES}
 

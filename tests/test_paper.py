@@ -1,12 +1,12 @@
-"""The paper's numbers have one home (dlcrepro/paper.py); the tables, figures, findings and scan print
+"""The paper's numbers have one home (dlcrepro/report/paper.py); the tables, figures, findings and scan print
 them from there, and nothing reads a number back out of the text they print."""
 
 import math
 
-from dlcrepro import figures as G
-from dlcrepro import findings as F
-from dlcrepro import paper as P
-from dlcrepro import tables as T
+from dlcrepro.report import figures as G
+from dlcrepro.report import findings as F
+from dlcrepro.report import paper as P
+from dlcrepro.report import tables as T
 
 
 def test_a_multiple_prints_as_the_paper_states_it():

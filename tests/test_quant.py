@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from dlcrepro import quant
+from dlcrepro.step import quant
 
 
 def test_block_scale_is_block_amax_over_448():

@@ -78,9 +78,10 @@ def test_rehearsal_diff_catches_a_changed_learning_rate(tmp_path, monkeypatch):
 
 @pytest.mark.engine
 def test_rehearsal_assets_sit_in_the_cache_as_a_download_and_are_found_by_id(rehearsal_cache, monkeypatch):
-    from dlcrepro import countdown, data, paths
-    from dlcrepro.config import load
-    from dlcrepro.model import load_tokenizer
+    from dlcrepro.step import countdown, data
+    from dlcrepro.core import paths
+    from dlcrepro.core.config import load
+    from dlcrepro.step.model import load_tokenizer
 
     repo = rehearsal_cache / "models--dlcrepro--Qwen3-Rehearsal"
     commit = (repo / "refs" / "main").read_text().strip()
@@ -171,7 +172,7 @@ def copy_with(snap: Path, dest: Path, **files: dict) -> Path:
 
 @pytest.mark.engine
 def test_rehearsal_checkpoint_files_are_in_the_form_the_hub_ships_qwen3(rehearsal_cache):
-    from dlcrepro.rehearsal import CHAT_TEMPLATE, END_THINK, ENDOFTEXT, IM_END, IM_START, THINK
+    from dlcrepro.study.rehearsal import CHAT_TEMPLATE, END_THINK, ENDOFTEXT, IM_END, IM_START, THINK
 
     snap = snapshot(rehearsal_cache)
     assert sorted(p.name for p in snap.iterdir()) == [
@@ -203,9 +204,9 @@ def test_the_tokenizer_encodes_alike_as_qwen2tokenizer_from_its_json_or_its_voca
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
-    from dlcrepro import countdown, data
-    from dlcrepro.model import load_tokenizer
-    from dlcrepro.rehearsal import rehearsal_problems
+    from dlcrepro.step import countdown, data
+    from dlcrepro.step.model import load_tokenizer
+    from dlcrepro.study.rehearsal import rehearsal_problems
 
     snap = snapshot(rehearsal_cache)
     tok = load_tokenizer(snap)
@@ -231,9 +232,9 @@ def test_qwen3s_published_chat_template_renders_the_projects_prompts_byte_for_by
     every prompt a rehearsal job sends (user turn, generation prompt, thinking disabled) to the same bytes."""
     import hashlib
 
-    from dlcrepro import countdown, data
-    from dlcrepro.config import load
-    from dlcrepro.model import load_tokenizer
+    from dlcrepro.step import countdown, data
+    from dlcrepro.core.config import load
+    from dlcrepro.step.model import load_tokenizer
 
     qwen3 = QWEN3_TEMPLATE.read_bytes()
     assert hashlib.sha256(qwen3).hexdigest() == QWEN3_TEMPLATE_SHA256  # still the published bytes
@@ -254,9 +255,9 @@ def test_qwen3s_published_chat_template_renders_the_projects_prompts_byte_for_by
 
 def teacher_forcing_batch(snap: Path, n: int = 8) -> tuple[list[list[int]], list[list[int]]]:
     """(prompts, worked answers) of the first `n` data set rows, as token ids: likely tokens after the warm start."""
-    from dlcrepro import countdown, data
-    from dlcrepro.model import load_tokenizer
-    from dlcrepro.rehearsal import rehearsal_problems
+    from dlcrepro.step import countdown, data
+    from dlcrepro.step.model import load_tokenizer
+    from dlcrepro.study.rehearsal import rehearsal_problems
 
     tok = load_tokenizer(snap)
     problems = rehearsal_problems()[:n]
@@ -274,9 +275,9 @@ def test_rope_theta_and_torch_dtype_in_the_hub_form_reach_the_trainer_and_the_en
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from dlcrepro.config import EngineConfig
-    from dlcrepro.engine import VLLMEngine
-    from dlcrepro.model import load_model, make_token_batch, response_logits, token_logprobs
+    from dlcrepro.core.config import EngineConfig
+    from dlcrepro.step.engine import VLLMEngine
+    from dlcrepro.step.model import load_model, make_token_batch, response_logits, token_logprobs
 
     snap = snapshot(rehearsal_cache)
     arch = json.loads((snap / "config.json").read_text())
@@ -306,9 +307,9 @@ def test_qwen3s_sampling_defaults_in_generation_config_change_nothing_the_engine
     a copy whose generation_config.json keeps only the stop tokens, sample the same tokens with the same log-probs."""
     import torch
 
-    from dlcrepro.config import EngineConfig
-    from dlcrepro.engine import VLLMEngine
-    from dlcrepro.rehearsal import QWEN3_SAMPLING_DEFAULTS
+    from dlcrepro.core.config import EngineConfig
+    from dlcrepro.step.engine import VLLMEngine
+    from dlcrepro.study.rehearsal import QWEN3_SAMPLING_DEFAULTS
 
     snap = snapshot(rehearsal_cache)
     gen = json.loads((snap / "generation_config.json").read_text())

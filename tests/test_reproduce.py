@@ -1,5 +1,5 @@
-"""Whether a run reproduced the committed study (dlcrepro/reproduce.py), and publishing a run as the
-committed study (dlcrepro/publish.py): small exact cases first, then the committed inputs themselves
+"""Whether a run reproduced the committed study (dlcrepro/report/reproduce.py), and publishing a run as the
+committed study (dlcrepro/report/publish.py): small exact cases first, then the committed inputs themselves
 (the AVX-512 study and the AMX one under paper_tables/other_machines/)."""
 
 import shutil
@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT
-from dlcrepro import outputs
-from dlcrepro import reproduce as R
-from dlcrepro.publish import publish, published_files
+from dlcrepro.report import outputs
+from dlcrepro.report import reproduce as R
+from dlcrepro.report.publish import publish, published_files
 
 COMMITTED = ROOT / "paper_tables"
 AMX = COMMITTED / "other_machines" / "amx-intel-184ede8"

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dlcrepro.scan import RAW_FILE, fit_slope, paper_batch_tokens, scaling_fit
+from dlcrepro.study.scan import RAW_FILE, fit_slope, paper_batch_tokens, scaling_fit
 
 LADDER = (1000, 2000, 4000, 8000, 16000)  # tokens per batch
 
@@ -67,7 +67,7 @@ def test_paper_batch_reads_paper_yaml_and_states_the_assumed_length():
 
 @pytest.mark.engine
 def test_smoke_scan_writes_table_parquet_and_figure(tiny_model_dir, smoke_cfg, tmp_path):
-    from dlcrepro.cli import main
+    from dlcrepro.run.cli import main
 
     out = tmp_path / "scan"
     t0 = time.perf_counter()
@@ -94,8 +94,8 @@ def test_smoke_scan_writes_table_parquet_and_figure(tiny_model_dir, smoke_cfg, t
 
 @pytest.mark.engine
 def test_lagged_sampler_at_a_checkpoint_samples_from_the_checkpoints_sampler(tiny_model_dir, smoke_cfg, tmp_path):
-    from dlcrepro.scan import scan
-    from dlcrepro.train import Cell, PhaseTimer, Trainer
+    from dlcrepro.study.scan import scan
+    from dlcrepro.step.train import Cell, PhaseTimer, Trainer
 
     tr = Trainer(smoke_cfg, "tiny", "stale", "pg", 0, tiny_model_dir)  # two steps of a stale run: θ_t moves, θ_s stays θ_0
     cell = Cell()

@@ -1,8 +1,8 @@
 """Which steps probe, evaluate and checkpoint (phases.Schedule): the one schedule the loop, the
 calibration and the cost model read."""
 
-from dlcrepro.config import TrainConfig
-from dlcrepro.phases import Schedule
+from dlcrepro.core.config import TrainConfig
+from dlcrepro.core.phases import Schedule
 
 
 def test_probes_and_evals_every_so_many_steps_and_at_the_last():

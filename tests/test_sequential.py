@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from dlcrepro.sequential import DESIGN, Design, per_look_error, simulate
+from dlcrepro.report.sequential import DESIGN, Design, per_look_error, simulate
 
 SIMS = 20_000  # the false-seen rate's own standard error at 2.5 %: about 0.11 points
 
@@ -28,7 +28,7 @@ def test_naive_looks_at_95_percent_err_more_than_the_design():
     """Seven looks at 95 % each: about 8 % false seen (simulated), three times the design's bound."""
     import numpy as np
 
-    from dlcrepro.intervals import t_interval
+    from dlcrepro.report.intervals import t_interval
 
     rng = np.random.default_rng(2)
     x = rng.normal(0.0, 1.0, (SIMS, DESIGN.cap))

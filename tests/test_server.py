@@ -19,8 +19,8 @@ import pytest
 from conftest import ROOT, wait_for
 from test_train import run, train_cmd
 
-from dlcrepro import server
-from dlcrepro.cli import _without_server
+from dlcrepro.run import server
+from dlcrepro.run.cli import _without_server
 
 NOBODY = 65534
 
@@ -69,9 +69,9 @@ def test_a_job_through_the_server_writes_what_its_own_process_writes(served, tin
 def test_a_process_started_by_a_forked_job_knows_it_started_on_its_own():
     """The fork server marks its child by pid; a process that child starts inherits the variable,
     not the pid, and records that it started on its own (its start-up holds its own imports)."""
-    from dlcrepro.procs import FORKED_ENV, how_started
+    from dlcrepro.core.procs import FORKED_ENV, how_started
 
-    code = "import os; from dlcrepro.procs import how_started; print(how_started())"
+    code = "import os; from dlcrepro.core.procs import how_started; print(how_started())"
     for marked, want in ((str(os.getpid()), "own process"), (None, "own process")):
         env = {k: v for k, v in os.environ.items() if k != FORKED_ENV} | ({FORKED_ENV: marked} if marked else {})
         p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)

@@ -1,5 +1,5 @@
 """The shared files (rollouts, θ_0's evaluation) name their model by its weights' hash and their
-node by its kernel path (dlcrepro/weights.py, dlcrepro/kernels.py, stamped.model_and_kernels)."""
+node by its kernel path (dlcrepro/step/weights.py, dlcrepro/step/kernels.py, stamped.model_and_kernels)."""
 
 import re
 import shutil
@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from conftest import ROOT, SMOKE
-from dlcrepro import initial_eval, kernels, rollouts, stamped, weights
-from dlcrepro.config import ConfigError
-from dlcrepro.engine import Rollout
+from dlcrepro.study import initial_eval, rollouts
+from dlcrepro.step import kernels, stamped, weights
+from dlcrepro.core.config import ConfigError
+from dlcrepro.step.engine import Rollout
 
 ONE = Rollout(prompt_ids=[[1, 2]], response_ids=[[3]], group=torch.zeros(1, dtype=torch.long),
               engine_logp=torch.zeros(1), topk_ids=None, topk_logp=None, version=0)
@@ -75,7 +76,7 @@ def test_a_file_of_a_node_with_other_kernels_is_refused_naming_both(tiny_model_d
     """A process with ATen's kernels held to AVX2 (as on an AVX2 node) writes the θ_0 file; this
     process, with its own kernels, refuses it and names the file and both kernel paths."""
     path = tmp_path / "seed0.json"
-    write = ("import sys; from dlcrepro import initial_eval, stamped; from dlcrepro.config import load; "
+    write = ("import sys; from dlcrepro import initial_eval, stamped; from dlcrepro.core.config import load; "
              "stamped.write(sys.argv[1], initial_eval.identity(load(sys.argv[2]), 'tiny', 0, sys.argv[3]), 'accuracies', "
              "{'test_accuracy': 0.25}, as_json=True)")
     env = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}

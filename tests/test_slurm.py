@@ -46,7 +46,7 @@ def test_smoke_grid_through_slurm_then_a_deleted_cell_reruns_with_its_copy_only(
     assert "SLURM_JOB_ID=" in log  # it really ran as a Slurm job
     # the shared rollouts
     assert "read from" in (out["results_dir"] / "tiny" / "stale" / "pg" / "seed0" / "train.log").read_text()
-    for sampler in ("fp8", "stale"):  # ppo is a copy of pg under one update per batch (dlcrepro/grid.py)
+    for sampler in ("fp8", "stale"):  # ppo is a copy of pg under one update per batch (dlcrepro/core/grid.py)
         copy = json.loads((out["results_dir"] / "tiny" / sampler / "ppo" / "seed0" / "summary.json").read_text())
         assert copy["computed_as"] == str(out["results_dir"] / "tiny" / sampler / "pg" / "seed0")
 

@@ -15,8 +15,8 @@ from slurm_support import cell_jobs, job_counts, run, slurm_cmd, smoke_variant
 
 from conftest import (KILL_TRAIN, ROOT, SMOKE, check_kill_table, kill_in_a_chain, kills_through_slurm, stopped_after,
                       wait_for)
-from dlcrepro import procs
-from dlcrepro.checkpoint import verified_step
+from dlcrepro.core import procs
+from dlcrepro.step.checkpoint import verified_step
 
 pytestmark = pytest.mark.slurm
 

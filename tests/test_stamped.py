@@ -1,11 +1,11 @@
-"""Files stamped with an identity (dlcrepro/stamped.py): what the checkpoint sidecar, the shared
+"""Files stamped with an identity (dlcrepro/step/stamped.py): what the checkpoint sidecar, the shared
 rollouts and θ_0's evaluation share."""
 
 import pytest
 
-from dlcrepro import stamped
-from dlcrepro.config import ConfigError
-from dlcrepro.util import DamagedFileError
+from dlcrepro.step import stamped
+from dlcrepro.core.config import ConfigError
+from dlcrepro.core.util import DamagedFileError
 
 IDENT = {"format": 1, "seed": 0, "train": {"steps": 6, "lr": 0.3}, "range": (1, 9)}
 
@@ -42,7 +42,7 @@ def test_differences_name_dotted_keys_with_both_values():
 def test_every_config_key_is_either_part_of_a_cells_numbers_or_a_workflow_key():
     import dataclasses
 
-    from dlcrepro.config import Config
+    from dlcrepro.core.config import Config
 
     keys = {f.name for f in dataclasses.fields(Config)}
     assert keys == {*stamped.NUMBER_SECTIONS, "models", *stamped.WORKFLOW_KEYS}
@@ -52,7 +52,7 @@ def test_every_config_key_is_either_part_of_a_cells_numbers_or_a_workflow_key():
 def test_a_cells_identity_is_its_numbers_not_where_it_is_watched_written_or_scheduled(smoke_cfg):
     import dataclasses as dc
 
-    from dlcrepro.config import ModelConfig
+    from dlcrepro.core.config import ModelConfig
 
     meta = {"model": "tiny", "sampler": "stale", "correction": "pg", "seed": 0, "model_dir": "m"}
     ident = lambda cfg, m=meta: stamped.cell_identity(stamped.run_record(m, cfg))  # noqa: E731

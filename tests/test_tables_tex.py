@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dlcrepro import tables as T
+from dlcrepro.report import tables as T
 
 NAN = math.nan
 PREAMBLE = r"""\documentclass{article}

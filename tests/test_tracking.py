@@ -1,4 +1,4 @@
-"""The trackers (config `tracking`, dlcrepro/tracking.py) against the real libraries: a short cell
+"""The trackers (config `tracking`, dlcrepro/core/tracking.py) against the real libraries: a short cell
 logs to TensorBoard, W&B (offline) and a real MLflow server, and each logged series is read back
 with the library's own reader and compared with the cell's metrics.parquet; a copied cell logs
 nothing; a server lost mid-run is reported once and the run finishes."""
@@ -22,8 +22,8 @@ import pytest
 
 from conftest import ROOT, SMOKE
 
-from dlcrepro import tracking
-from dlcrepro.config import ConfigError, load, tracking_for_jobs
+from dlcrepro.core import tracking
+from dlcrepro.core.config import ConfigError, load, tracking_for_jobs
 
 # scripts/setup.sh installs them (the `tracking` extra); looked up, not imported
 pytestmark = pytest.mark.skipif(bool(tracking.missing_packages(list(tracking.BACKENDS))),
@@ -182,7 +182,7 @@ def test_an_unknown_tracker_is_refused_with_the_known_ones():
 
 
 def test_no_tracker_is_imported_until_a_run_starts_one():
-    code = ("import sys; from dlcrepro.config import load; from dlcrepro import tracking; "
+    code = ("import sys; from dlcrepro.core.config import load; from dlcrepro import tracking; "
             f"load({str(SMOKE)!r}, {{'tracking.backends': ['tensorboard', 'wandb', 'mlflow']}}); "
             "print(sorted(m for m in ('tensorboard', 'wandb', 'mlflow', 'torch') if m in sys.modules))")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -222,7 +222,7 @@ def train_script(cells: list[tuple[str, str]], model_dir: Path, results: Path, s
     `results`, in one process (the engines are imported once)."""
     runs = [["train", "--config", str(SMOKE), "--model-dir", str(model_dir), "--sampler", s, "--correction", c, "--seed", "0",
              "--out", str(results / "tiny" / s / c / "seed0"), *[a for kv in sets for a in ("--set", kv)]] for s, c in cells]
-    code = f"from dlcrepro.cli import main\nfor argv in {runs!r}:\n    assert main(argv) == 0\n"
+    code = f"from dlcrepro.run.cli import main\nfor argv in {runs!r}:\n    assert main(argv) == 0\n"
     return [sys.executable, "-c", code]
 
 
@@ -236,7 +236,7 @@ def test_each_step_reaches_every_tracker_under_the_glossary_names_and_a_copy_log
                                 str(results), "smoke")
     env = {**os.environ, tracking.ENV: section, "WANDB_MODE": "offline"}
     mlflow_server.wait()
-    # bf16/ppo is bf16/pg's run (one SGD step per batch): copied, not trained (dlcrepro/grid.py)
+    # bf16/ppo is bf16/pg's run (one SGD step per batch): copied, not trained (dlcrepro/core/grid.py)
     p = subprocess.run(train_script([("bf16", "pg"), ("bf16", "ppo")], tiny_model_dir, results),
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-4000:]
@@ -316,7 +316,7 @@ def test_a_tracker_that_loses_its_server_mid_run_is_reported_once_and_the_run_fi
 
 
 def test_a_mismatch_part_reaches_a_tracker_nested_as_the_frameworks_keys_and_every_other_column_by_its_name():
-    from dlcrepro import diagnostics
+    from dlcrepro.step import diagnostics
 
     parts = [p for p, _, _ in diagnostics.MISMATCH_PARTS]
     assert tracking.NESTED == tuple(f"mismatch_{p}_" for p in parts)
@@ -343,8 +343,8 @@ def test_a_finished_run_is_still_copied_after_the_trackers_change(tmp_path, smok
 
     import yaml
 
-    from dlcrepro.config import to_dict
-    from dlcrepro.celldir import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, finished_as
+    from dlcrepro.core.config import to_dict
+    from dlcrepro.study.celldir import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, finished_as
 
     meta = {"model": "tiny", "sampler": "stale", "correction": "pg", "seed": 0, "model_dir": "m"}
     (tmp_path / METRICS_FILE).write_bytes(b"x")
@@ -361,8 +361,8 @@ def test_jobs_starting_together_on_a_new_mlflow_database_both_log(tmp_path):
     db = tmp_path / "_mlflow.db"
     code = f"""
 import sys
-from dlcrepro import tracking
-from dlcrepro.config import load
+from dlcrepro.core import tracking
+from dlcrepro.core.config import load
 cfg = load({str(SMOKE)!r},
            {{"tracking.backends": ["mlflow"], "tracking.mlflow_uri": "sqlite:///{db}", "tracking.project": "both"}})
 cell = {{"model": "tiny", "sampler": "stale", "correction": sys.argv[1], "seed": 0}}

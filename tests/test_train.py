@@ -187,9 +187,9 @@ def test_micro_batched_step_gives_the_full_batch_numbers(tiny_model_dir, smoke_c
 
     import torch
 
-    from dlcrepro.corrections import TokenTerms, get_correction
-    from dlcrepro.learner import flat_grad
-    from dlcrepro.train import Cell, PhaseTimer, Trainer
+    from dlcrepro.step.corrections import TokenTerms, get_correction
+    from dlcrepro.step.learner import flat_grad
+    from dlcrepro.step.train import Cell, PhaseTimer, Trainer
 
     tr = Trainer(smoke_cfg, "tiny", "stale", "dlc", 0, tiny_model_dir)
     cell = Cell()
@@ -242,7 +242,7 @@ def test_micro_batched_step_gives_the_full_batch_numbers(tiny_model_dir, smoke_c
 def test_success_metrics_of_a_batch_by_hand():
     import torch
 
-    from dlcrepro.diagnostics import success_metrics
+    from dlcrepro.step.diagnostics import success_metrics
 
     # prompt 0: +1, -1 (mixed); prompt 1: -1, -1; prompt 2: +1, +1
     rewards = torch.tensor([1.0, -1.0, -1.0, -1.0, 1.0, 1.0])
@@ -254,7 +254,7 @@ def test_success_metrics_of_a_batch_by_hand():
 def test_gradient_snr_is_signal_over_the_variance_of_the_mean():
     import torch
 
-    from dlcrepro.diagnostics import gradient_snr
+    from dlcrepro.step.diagnostics import gradient_snr
 
     g1, g2 = torch.tensor([3.0, 0.0]), torch.tensor([1.0, 0.0])  # mean (2, 0): signal 4; noise |g1-g2|^2/4 = 1
     assert gradient_snr(g1, g2) == pytest.approx({"grad_signal": 4.0, "grad_snr": 4.0})
@@ -262,7 +262,7 @@ def test_gradient_snr_is_signal_over_the_variance_of_the_mean():
 
 
 def test_a_non_finite_metric_stops_the_run_naming_step_and_column():
-    from dlcrepro.divergence import NonFiniteError, check_finite
+    from dlcrepro.step.divergence import NonFiniteError, check_finite
 
     check_finite(3, {"reward_mean": -0.5, "dev": float("nan"), "test_accuracy": float("nan")})  # NaN by definition off-probe
     with pytest.raises(NonFiniteError, match=r"step 3: ess_lag is nan"):
@@ -272,7 +272,7 @@ def test_a_non_finite_metric_stops_the_run_naming_step_and_column():
 def test_a_non_finite_update_is_a_divergence_after_theta_moved_and_a_fault_at_theta_0():
     import torch
 
-    from dlcrepro.divergence import Diverged, NonFiniteError, check_direction_finite, check_weights_finite
+    from dlcrepro.step.divergence import Diverged, NonFiniteError, check_direction_finite, check_weights_finite
 
     check_direction_finite(1, torch.ones(5))
     with pytest.raises(NonFiniteError, match=r"step 1: the update direction is inf at θ_0, before any update") as e:
@@ -296,7 +296,7 @@ def test_a_run_that_diverges_ends_as_a_recorded_outcome_the_tables_name(tiny_mod
     """A learning rate near float32's largest value overflows θ within the smoke config's 4 steps:
     the cell finishes (exit 0, the workflow goes on) with its rows before the divergence, the step
     it diverged at, and final accuracy 0; the accuracy and zoo tables name the run."""
-    from dlcrepro import analysis, tables
+    from dlcrepro.report import analysis, tables
 
     out = tmp_path / "tiny" / "stale" / "pg" / "seed0"
     p = run(train_cmd(tiny_model_dir, out, "stale", "pg", "train.lr=3.0e+38"))
@@ -374,8 +374,8 @@ def test_a_seeds_initial_eval_gives_a_cell_the_accuracies_it_measures_itself(tin
 
 
 def test_a_damaged_initial_eval_file_is_named(tmp_path, smoke_cfg):
-    from dlcrepro import initial_eval
-    from dlcrepro.util import DamagedFileError
+    from dlcrepro.study import initial_eval
+    from dlcrepro.core.util import DamagedFileError
 
     path = tmp_path / "seed0.json"
     path.write_text('{"identity": {"seed": 0}, "accura')  # a write cut short
@@ -386,9 +386,9 @@ def test_a_damaged_initial_eval_file_is_named(tmp_path, smoke_cfg):
 def test_a_rollouts_file_without_the_top_k_a_correction_reads_is_refused(tmp_path, smoke_cfg):
     import torch
 
-    from dlcrepro import rollouts
-    from dlcrepro.config import ConfigError
-    from dlcrepro.engine import Rollout
+    from dlcrepro.study import rollouts
+    from dlcrepro.core.config import ConfigError
+    from dlcrepro.step.engine import Rollout
 
     one = Rollout(prompt_ids=[[1, 2]], response_ids=[[3]], group=torch.zeros(1, dtype=torch.long),
                   engine_logp=torch.zeros(1), topk_ids=None, topk_logp=None, version=0)

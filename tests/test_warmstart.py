@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from dlcrepro.config import ConfigError, load
-from dlcrepro.warmstart import lr_factor
+from dlcrepro.core.config import ConfigError, load
+from dlcrepro.study.warmstart import lr_factor
 
 
 def test_lr_schedule_warms_up_linearly_then_follows_the_cosine_to_lr_final():
@@ -32,10 +32,10 @@ def test_the_worked_format_round_trips_through_the_tiny_tokenizer_and_scores_plu
     has an id of its own (no <unk>), the text decodes unchanged, and it scores +1. The expression
     format's tokenizer is the one it was before the worked format existed: 24 entries, its unused
     ids decoding to nothing, so the committed study's rewards do not change."""
-    from dlcrepro import countdown
-    from dlcrepro.countdown import Problem
-    from dlcrepro.model import build_tokenizer
-    from dlcrepro.warmstart import answer_text
+    from dlcrepro.step import countdown
+    from dlcrepro.step.countdown import Problem
+    from dlcrepro.step.model import build_tokenizer
+    from dlcrepro.study.warmstart import answer_text
 
     tok = build_tokenizer("worked")
     assert len(tok) == 32  # the tiny arch's vocab_size

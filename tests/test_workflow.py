@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, SMOKE, fake_hf_cache
-from dlcrepro import outputs
+from dlcrepro.report import outputs
 from dlcrepro.cluster import (calibration_path, load_merged, measurements, pilot_cells, project, projection_error_totals,
                               projection_errors)
 from dlcrepro.cluster.calibrate import PILOT_STEPS, phase_rates
@@ -323,7 +323,7 @@ def test_smoke_pilot_calibration_then_the_pipeline_end_to_end_then_one_cell_reru
     bench = pd.read_csv(out["results_dir"] / "_benchmarks" / "train" / "tiny" / "stale" / "dlc" / "seed0.tsv", sep="\t")
     assert {"max_rss", "cpu_time"} <= set(bench.columns) and len(bench) == 1
     assert len(list(out["results_dir"].glob("_benchmarks/train/tiny/*/*/seed0.tsv"))) == 28
-    # 8 of the 28 cells are another cell's run bit for bit (dlcrepro/grid.py): copied, not trained
+    # 8 of the 28 cells are another cell's run bit for bit (dlcrepro/core/grid.py): copied, not trained
     runs = pd.read_parquet(out["results_dir"] / "_aggregate" / "runs.parquet")
     copies = runs.loc[runs["computed_as"] != ""]
     assert sorted(zip(copies["sampler"], copies["correction"])) == sorted(
@@ -343,7 +343,7 @@ def test_smoke_pilot_calibration_then_the_pipeline_end_to_end_then_one_cell_reru
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout + p.stderr, re.M))
     assert "train" not in jobs and jobs.get("figures") == "1", p.stdout + p.stderr
 
-    # the lagged samplers' cells read their shared rollouts (dlcrepro/rollouts.py), one file each
+    # the lagged samplers' cells read their shared rollouts (dlcrepro/study/rollouts.py), one file each
     assert len(list((out["results_dir"] / "_rollouts" / "tiny").glob("*/seed0.pt"))) == 2
     assert "read from" in (out["results_dir"] / "tiny" / "stale" / "pg" / "seed0" / "train.log").read_text()
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import Config
+from ..core.config import Config
 from .cells import finished, grid_cells
 
 
@@ -74,7 +74,7 @@ def needs(cfg: Config) -> list[Need]:
 
 def _find(key: str, value: str | None, kind: str) -> dict[str, Any]:
     """A need's `found`, `problem` ("" if none), `fix` (the line that fetches it) and `built_here`."""
-    from ..paths import BUILT_HERE, NotCached, resolve_local
+    from ..core.paths import BUILT_HERE, NotCached, resolve_local
 
     if not value:  # the schema allows it; validate() refuses it, but the Snakefile only builds
         what = "for kind 'hf'" if kind == "model" else "when task.source is 'parquet'"
@@ -104,7 +104,7 @@ def blocking(cfg: Config, found: list[Need]) -> list[Need]:
 def missing_message(cfg: Config) -> str:
     """The missing weights and data that a cell still to run needs (`blocking`), with the line that
     fetches each; "" when nothing is missing or only finished cells would have read it."""
-    from ..paths import hf_hub_cache
+    from ..core.paths import hf_hub_cache
 
     bad = blocking(cfg, needs(cfg))
     if not bad:

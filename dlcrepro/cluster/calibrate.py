@@ -29,10 +29,10 @@ import math
 from pathlib import Path
 from typing import TypedDict
 
-from ..config import Config, to_dict
-from ..grid import computed_as, get_sampler
-from ..phases import ENGINE_PHASES, PHASES, Schedule
-from ..registry import correction_info, engine_topk, updates_per_batch
+from ..core.config import Config, to_dict
+from ..core.grid import computed_as, get_sampler
+from ..core.phases import ENGINE_PHASES, PHASES, Schedule
+from ..core.registry import correction_info, engine_topk, updates_per_batch
 from .cells import GridCell, grid_cells, initial_eval_jobs, rollouts_jobs
 from .costs import estimated_minutes, initial_eval_minutes, rollouts_minutes
 

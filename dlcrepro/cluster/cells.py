@@ -7,9 +7,9 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import Config
-from ..grid import computed_as, get_sampler
-from ..registry import engine_topk, updates_per_batch
+from ..core.config import Config
+from ..core.grid import computed_as, get_sampler
+from ..core.registry import engine_topk, updates_per_batch
 
 
 @dataclass(frozen=True)
@@ -58,13 +58,13 @@ def finished(cfg: Config, cell: GridCell) -> bool:
 
 
 def initial_eval_jobs(cfg: Config) -> list[tuple[str, int]]:
-    """(model, seed) of every θ_0 evaluation job (dlcrepro/initial_eval.py): one per model and seed
+    """(model, seed) of every θ_0 evaluation job (dlcrepro/study/initial_eval.py): one per model and seed
     with a trained cell to read it."""
     return list(dict.fromkeys((c.model, c.seed) for c in grid_cells(cfg) if c.same_as is None))
 
 
 def rollouts_jobs(cfg: Config) -> list[tuple[str, str, int]]:
-    """(model, sampler, seed) of every shared-rollouts job (dlcrepro/rollouts.py): a lagged sampler's
+    """(model, sampler, seed) of every shared-rollouts job (dlcrepro/study/rollouts.py): a lagged sampler's
     seed with a trained cell to read it."""
     jobs = {}
     for c in grid_cells(cfg):
@@ -84,7 +84,7 @@ def rollouts_topk(cfg: Config, model: str, sampler: str, seed: int) -> int:
 
 
 def scan_corrections(cfg: Config, model: str, sampler: str) -> list[str]:
-    """The grid's corrections a batch-size scan under `sampler` measures (dlcrepro/scan.py): those
+    """The grid's corrections a batch-size scan under `sampler` measures (dlcrepro/study/scan.py): those
     that are their own computation under it (grid.computed_as: at fp8 dlc is is_center, is_resync
     is is, and ppo with one SGD step per batch is pg), less those with several SGD steps per batch
     (registry.updates_per_batch): the scan does not update θ."""

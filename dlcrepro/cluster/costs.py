@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import Config
-from ..grid import get_sampler
-from ..phases import Schedule
-from ..registry import updates_per_batch
+from ..core.config import Config
+from ..core.grid import get_sampler
+from ..core.phases import Schedule
+from ..core.registry import updates_per_batch
 
 # docs/cluster.md, "Runtime and GPU-hours": the trainer's share of a paper step measured on one H200
 # (gpu_check piece `paper-trainer`, 512 sequences, ~150k response tokens); the engine's share is a

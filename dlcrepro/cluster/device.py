@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..config import Config, ConfigError
+from ..core.config import Config, ConfigError
 from .resources import gpu_key, job_resources
 
 

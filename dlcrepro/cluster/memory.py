@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import Config
-from ..grid import get_sampler
-from ..registry import updates_per_batch
+from ..core.config import Config
+from ..core.grid import get_sampler
+from ..core.registry import updates_per_batch
 from .costs import RESPONSE_TOKENS
 from .resources import job_resources
 

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..config import Config
-from ..registry import correction_info
+from ..core.config import Config
+from ..core.registry import correction_info
 from .cache import blocking, needs
 from .calibrate import (PILOT_DIR, PILOT_STEPS, calibration_path, load_calibration, pilot_cells, pilot_initial_eval_jobs,
                         pilot_rollouts_jobs)
@@ -88,7 +88,7 @@ def _hours(minutes: float) -> str:
 def plan_text(cfg: Config, source: str = "") -> str:
     """The plan: cells trained vs copied, GPU-hours requested (Σ runtime × GPUs) and estimated by
     the cost model per model, the largest single job, and the weights and data the jobs read."""
-    from ..paths import hf_hub_cache
+    from ..core.paths import hf_hub_cache
 
     cells = grid_cells(cfg)
     g = cfg.grid
@@ -106,11 +106,11 @@ def plan_text(cfg: Config, source: str = "") -> str:
     shared = rollouts_jobs(cfg)
     if shared:
         lines.append(f"shared rollouts: {len(shared)} job(s) first, one per lagged sampler and seed: the batches its cells "
-                     "sample from θ_0, sampled once (dlcrepro/rollouts.py); counted in the GPU-hours below")
+                     "sample from θ_0, sampled once (dlcrepro/study/rollouts.py); counted in the GPU-hours below")
     initial = initial_eval_jobs(cfg)
     if initial:
         lines.append(f"θ_0 evaluations: {len(initial)} job(s) first, one per model and seed: θ_0's accuracies, where every "
-                     "cell's curve starts, evaluated once (dlcrepro/initial_eval.py); counted in the GPU-hours below")
+                     "cell's curve starts, evaluated once (dlcrepro/study/initial_eval.py); counted in the GPU-hours below")
     pilot = pilot_cells(cfg)
     lines.append(f"pilot (target `pilot`, then `python -m dlcrepro plan --calibrate {cfg.results_dir}`): {len(pilot)} cell(s) "
                  f"cut to {PILOT_STEPS} steps, one per cost class, under {Path(cfg.results_dir) / PILOT_DIR}, with "
@@ -199,6 +199,6 @@ def load_merged(paths: list[str], overrides: dict[str, Any] | None = None) -> Co
     """Config files merged in order as Snakemake merges `--configfile`s (nested keys updated; a
     file with a `base` key laid over its base first), then dotted overrides; built (ranges
     checked) without importing torch."""
-    from ..config import build, read_layers
+    from ..core.config import build, read_layers
 
     return build(read_layers(paths, overrides))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from ..config import Config
+from ..core.config import Config
 from .costs import initial_eval_minutes, rollouts_minutes
 
 # A training job's resources where neither its model nor the config's `resources` name them. One CPU:

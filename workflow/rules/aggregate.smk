@@ -1,5 +1,5 @@
 # Cheap local rules: per-step tables of all cells -> aggregates -> tables and figures (each one
-# dlcrepro/outputs.py lists, with its report caption) -> whether they reproduce the committed study.
+# dlcrepro/report/outputs.py lists, with its report caption) -> whether they reproduce the committed study.
 # `publish` (never in the default target) copies a finished run over the committed study.
 # Rerun one alone with e.g. `snakemake --forcerun figures figures/ess.png`.
 
@@ -21,6 +21,8 @@ rule collect:
         runs=f"{AGG}/runs.parquet",
     log:
         f"{LOGS}/collect.log",
+    benchmark:
+        f"{BENCHMARKS}/collect.tsv"
     conda:
         ANALYSIS_ENV
     params:
@@ -40,6 +42,8 @@ rule tables:
         outputs.findings_input_files(TABLES),
     log:
         f"{LOGS}/tables.log",
+    benchmark:
+        f"{BENCHMARKS}/tables.tsv"
     conda:
         ANALYSIS_ENV
     params:
@@ -61,6 +65,8 @@ rule figures:
         reported_files(outputs.FIGURES, FIGURES),
     log:
         f"{LOGS}/figures.log",
+    benchmark:
+        f"{BENCHMARKS}/figures.tsv"
     conda:
         ANALYSIS_ENV
     params:
@@ -80,6 +86,8 @@ rule reproduce:
         figure=reported_files([outputs.REPRODUCTION], FIGURES),
     log:
         f"{LOGS}/reproduce.log",
+    benchmark:
+        f"{BENCHMARKS}/reproduce.tsv"
     conda:
         ANALYSIS_ENV
     params:

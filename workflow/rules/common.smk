@@ -7,20 +7,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 # The package's torch-free modules, from this checkout (the Snakemake env need not have it installed).
 sys.path.insert(0, str(Path(workflow.basedir).resolve()))
-from dlcrepro import cluster, decide, outputs, procs, tracking
-from dlcrepro.config import ConfigError
-from dlcrepro.config import build as build_config
-from dlcrepro.config import tracking_for_jobs
-from dlcrepro.config import with_base
-from dlcrepro.grid import get_sampler
-from dlcrepro.paths import BUILT_HERE, REHEARSAL_DATASET, REHEARSAL_MODEL, cache_repo_dir, hf_hub_cache
+from dlcrepro import cluster
+from dlcrepro.study import decide, jobconfig
+from dlcrepro.report import outputs
+from dlcrepro.core import procs, tracking
+from dlcrepro.core.config import ConfigError
+from dlcrepro.core.config import build as build_config
+from dlcrepro.core.config import tracking_for_jobs
+from dlcrepro.core.config import with_base
+from dlcrepro.core.grid import get_sampler
+from dlcrepro.core.util import write_text_if_changed
+from dlcrepro.core.paths import BUILT_HERE, REHEARSAL_DATASET, REHEARSAL_MODEL, cache_repo_dir, hf_hub_cache
 
 # An overlay (`base: configs/tiny.yaml`, as configs/zoo.yaml) stands on its own: laid over its base
 # here, the key gone, so the jobs' configs are those of the merged file.
@@ -48,7 +51,7 @@ HF_CACHE = hf_hub_cache().resolve()  # where hf models and parquet data are foun
 
 # config `tracking`: training jobs find the study's section, its directories resolved under
 # RESULTS, in their environment (as they find the fork server), not in their config file, a rule
-# param or shell text, whose changes would rerun every cell (dlcrepro/tracking.py, config.tracking_for_jobs).
+# param or shell text, whose changes would rerun every cell (dlcrepro/core/tracking.py, config.tracking_for_jobs).
 _TRACKING = tracking_for_jobs(config.get("tracking"), RESULTS, config.get("name", "tiny"))
 if _TRACKING:
     os.environ[tracking.ENV] = _TRACKING
@@ -82,14 +85,14 @@ CELLS = grid_cells()
 CELL_KEYS = {(c["model"], c["sampler"], c["correction"], c["seed"]) for c in CELLS}
 # `snakemake decide` trains cells of seeds past grid.seeds (decide.cap_seeds): such a cell is the cell
 # the grid would have with that seed, so its copy source and its rollouts' top-k are read from the
-# grid widened to those seeds (dlcrepro/decide.py); for grid.seeds it is the grid itself.
+# grid widened to those seeds (dlcrepro/study/decide.py); for grid.seeds it is the grid itself.
 DECIDE_CFG = decide.widened(CFG)
 DECIDE_SEEDS = DECIDE_CFG.grid.seeds
 WIDE_KEYS = {(c.model, c.sampler, c.correction, c.seed) for c in cluster.grid_cells(DECIDE_CFG)}
 
 
 def same_cell(wildcards):
-    """The grid cell whose run this cell's run is bit for bit (dlcrepro/grid.py), or None. Such a
+    """The grid cell whose run this cell's run is bit for bit (dlcrepro/core/grid.py), or None. Such a
     cell waits for that one and copies its metrics instead of training; a cell it would equal but
     that the grid leaves out is no help, and the cell trains."""
     w = wildcards
@@ -107,7 +110,7 @@ def rollouts_file(model, sampler, seed):
 
 
 def shares_rollouts(model, sampler):
-    """Whether the cells of this sampler share their first steps' batches (dlcrepro/rollouts.py)."""
+    """Whether the cells of this sampler share their first steps' batches (dlcrepro/study/rollouts.py)."""
     t = CFG.train_for(model)
     return get_sampler(sampler).shared_steps(t.steps, t.sync_every) > 0
 
@@ -130,7 +133,7 @@ def initial_eval_file(model, seed):
 
 
 def initial_eval_input(wildcards):
-    """θ_0's evaluation a training cell reads (dlcrepro/initial_eval.py); none for a cell that copies
+    """θ_0's evaluation a training cell reads (dlcrepro/study/initial_eval.py); none for a cell that copies
     another's run."""
     w = wildcards
     return [] if same_cell(w) is not None else [initial_eval_file(w.model, w.seed)]
@@ -186,31 +189,12 @@ def cell_outputs(name):
     return [str(Path(cell_dir(**c), name)) for c in CELLS]
 
 
-# What each kind of job's results depend on. Editing a plot option or a Slurm resource reruns
-# nothing (except a cell's GPU count: the device it trains on); editing `train.lr` reruns every
-# cell but not the warm start.
-JOB_SECTIONS = {
-    "warmstart": ("name", "artifacts", "task", "engine"),
-    "train": ("name", "artifacts", "task", "engine", "train"),
-}
-
-
 def job_config_path(model, job):
-    """A file with exactly what `job` (warmstart, train) of the model depends on, rewritten only
-    when that changes, so that its modification time is the rerun trigger."""
-    sub = {k: config[k] for k in JOB_SECTIONS[job] if k in config}
-    skip = {"resources"} | ({"train"} if job == "warmstart" else set())
-    sub["models"] = {model: {k: v for k, v in config["models"][model].items() if k not in skip}}
-    gpus = cluster.job_resources(CFG, model)["gpu"]
-    if job == "train" and gpus > 0:  # the job checks it has them (cluster.check_device)
-        sub["models"][model]["resources"] = {"gpu": gpus}
-    text = yaml.safe_dump(sub, sort_keys=True)
-    path = Path(RESULTS) / "_config" / (f"{model}.yaml" if job == "train" else f"{model}.{job}.yaml")
-    if not path.exists() or path.read_text() != text:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+    """The file with exactly what `job` (warmstart, train) of the model depends on
+    (dlcrepro/study/jobconfig.py), rewritten only when that changes."""
+    path = jobconfig.job_config_file(RESULTS, model, job)
+    text = jobconfig.job_config_text(config, model, job, cluster.job_resources(CFG, model)["gpu"])
+    write_text_if_changed(path, text)
     return str(path)
 
 
@@ -323,7 +307,7 @@ PILOT_SET = " ".join(f"--set {k}={v}" for k, v in cluster.PILOT_OVERRIDES.items(
 
 
 # ----------------------------------------------------------------------------- the outputs
-# Every table and figure, their files and their report captions: dlcrepro/outputs.py, the one list.
+# Every table and figure, their files and their report captions: dlcrepro/report/outputs.py, the one list.
 
 
 def output_files(items, directory):
@@ -346,12 +330,7 @@ def report_caption(output):
     under RESULTS/_report/; rewritten only when its text changes. Absolute: report() takes a
     relative path from the rule file's directory."""
     path = Path(RESULTS, "_report", f"{output.name}.{output.kind}.rst").resolve()
-    text = f"{output.caption}\n"
-    if not path.exists() or path.read_text() != text:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+    write_text_if_changed(path, f"{output.caption}\n")
     return str(path)
 
 
@@ -366,7 +345,7 @@ def reported_files(items, directory):
 
 
 def reproduction_report():
-    """The `reproduce` rule's report: this run against the committed study (dlcrepro/reproduce.py)."""
+    """The `reproduce` rule's report: this run against the committed study (dlcrepro/report/reproduce.py)."""
     return f"{TABLES}/{outputs.REPRODUCTION_REPORT}"
 
 
@@ -413,7 +392,7 @@ def show_plan(on_cluster=False):
 
 # ----------------------------------------------------------------------------- fork server
 # config `fork_server`: on the local executor, training jobs fork from one process that imported
-# torch and vLLM once (dlcrepro/server.py) instead of paying ~10 s of imports and teardown each.
+# torch and vLLM once (dlcrepro/run/server.py) instead of paying ~10 s of imports and teardown each.
 # The server lives as long as this snakemake; jobs find it through DLCREPRO_SERVER in their
 # environment (not a rule param or shell text, which would make every cell look changed).
 
@@ -430,7 +409,7 @@ def start_fork_server():
     while it imports, and whenever it is absent."""
     if not fork_server_wanted() or not any(j.rule.name in ("train", "pilot_cell") for j in workflow.dag.needrun_jobs()):
         return None
-    from dlcrepro.server import private_dir  # torch-free, like dlcrepro.config
+    from dlcrepro.run.server import private_dir  # torch-free, like dlcrepro.core.config
 
     path = str(private_dir() / f"snakemake-{os.getpid()}.sock")  # 0700: no other user reaches it
     Path(LOGS).mkdir(parents=True, exist_ok=True)
@@ -524,7 +503,7 @@ def other_machine_findings():
 
 def committed_findings_input():
     """The committed findings inputs that `reproduce` compares this run with -- the committed
-    study's own and each other CPU kind's (dlcrepro/reproduce.py picks the one of this CPU's kind)."""
+    study's own and each other CPU kind's (dlcrepro/report/reproduce.py picks the one of this CPU's kind)."""
     if not COMMITTED_TABLES:
         return []
     own = outputs.findings_input_files(COMMITTED_TABLES)
@@ -562,7 +541,7 @@ def other_machine_args(files):
 
 
 # ----------------------------------------------------------------------------- the decide run
-# `snakemake decide` (workflow/rules/decide.smk, dlcrepro/decide.py): a checkpoint per look; each
+# `snakemake decide` (workflow/rules/decide.smk, dlcrepro/study/decide.py): a checkpoint per look; each
 # look reads the cells the previous look read and the batch it asked for.
 DECIDE = f"{RESULTS}/_decide"
 

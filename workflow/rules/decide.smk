@@ -1,4 +1,4 @@
-# `snakemake decide`: the sequential design (dlcrepro/decide.py, docs/workflow.md). Look 0 reads the
+# `snakemake decide`: the sequential design (dlcrepro/study/decide.py, docs/workflow.md). Look 0 reads the
 # grid's cells (grid.seeds); each look is a checkpoint that computes the findings pooled over the
 # seeds so far and names the cells the next batch of seeds trains, for the undecided findings only;
 # the next look reads those too. The looks end when every finding is decided or stopped, or at the
@@ -21,6 +21,8 @@ rule decide_collect:
         runs=f"{DECIDE}/look{{k}}/runs.parquet",
     log:
         f"{LOGS}/decide/collect{{k}}.log",
+    benchmark:
+        f"{BENCHMARKS}/decide/collect{{k}}.tsv"
     wildcard_constraints:
         k=r"\d+",
     conda:
@@ -43,6 +45,8 @@ checkpoint decide_look:
         findings=f"{DECIDE}/look{{k}}.csv",
     log:
         f"{LOGS}/decide/look{{k}}.log",
+    benchmark:
+        f"{BENCHMARKS}/decide/look{{k}}.tsv"
     wildcard_constraints:
         k=r"\d+",
     conda:
@@ -62,6 +66,8 @@ rule decide:
         f"{DECIDE}/decide.md",
     log:
         f"{LOGS}/decide/decide.log",
+    benchmark:
+        f"{BENCHMARKS}/decide/decide.tsv"
     conda:
         ANALYSIS_ENV
     params:

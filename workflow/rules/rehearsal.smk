@@ -1,4 +1,4 @@
-# The rehearsal's checkpoint and data set (dlcrepro/rehearsal.py), built into the Hugging Face cache
+# The rehearsal's checkpoint and data set (dlcrepro/study/rehearsal.py), built into the Hugging Face cache
 # where a paper job finds a downloaded model by id. Only a config whose model or data id is one of
 # paths.BUILT_HERE (configs/rehearsal.yaml) asks for them; every other id must be fetched.
 
@@ -9,6 +9,8 @@ rule rehearsal_assets:
         dataset=built_here_ref(REHEARSAL_DATASET),
     log:
         f"{LOGS}/rehearsal_assets.log",
+    benchmark:
+        f"{BENCHMARKS}/rehearsal_assets.tsv"
     conda:
         TRAIN_ENV
     threads: 2

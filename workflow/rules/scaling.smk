@@ -1,4 +1,4 @@
-# The noise-floor multiple against batch size at the warm start (dlcrepro/scan.py). Not part of the
+# The noise-floor multiple against batch size at the warm start (dlcrepro/study/scan.py). Not part of the
 # default target: `snakemake scaling`. One scan job per model and sampler; the table and figure of
 # this scan are drawn from its raw rows into results/scaling/, beside them. The committed
 # paper_tables/scaling.* and figures/scaling.* combine three scans (docs/results.md) and are
@@ -23,6 +23,8 @@ rule scaling_scan:
         f"{SCALING}/{{model}}/{{sampler}}/scan.parquet",
     log:
         f"{LOGS}/scaling/{{model}}/{{sampler}}.log",
+    benchmark:
+        f"{BENCHMARKS}/scaling/{{model}}/{{sampler}}.tsv"
     conda:
         TRAIN_ENV
     # a scan is a few training steps' work per rung (cluster.job_resources, job kind `scan`)
@@ -60,6 +62,8 @@ rule scaling:
         [f"{SCALING}/scaling.{ext}" for ext in ("png", "pdf")],
     log:
         f"{LOGS}/scaling.log",
+    benchmark:
+        f"{BENCHMARKS}/scaling.tsv"
     conda:
         ANALYSIS_ENV
     params:

@@ -10,6 +10,8 @@ rule warmstart:
         summary=f"{ARTIFACTS}/{{model}}/warmstart.json",
     log:
         f"{LOGS}/warmstart/{{model}}.log",
+    benchmark:
+        f"{BENCHMARKS}/warmstart/{{model}}.tsv"
     conda:
         TRAIN_ENV
     threads: 2
@@ -30,11 +32,11 @@ rule train:
         cfg=train_config_input,
         model=model_input,
         data=data_input,
-        # a cell that computes another cell's numbers bit for bit copies them (dlcrepro/grid.py)
+        # a cell that computes another cell's numbers bit for bit copies them (dlcrepro/core/grid.py)
         same=same_cell_input,
-        # a lagged sampler's first steps, sampled once for all its cells (dlcrepro/rollouts.py)
+        # a lagged sampler's first steps, sampled once for all its cells (dlcrepro/study/rollouts.py)
         rollouts=rollouts_input,
-        # θ_0's accuracies, evaluated once per seed (dlcrepro/initial_eval.py)
+        # θ_0's accuracies, evaluated once per seed (dlcrepro/study/initial_eval.py)
         initial=initial_eval_input,
     output:
         metrics=f"{RESULTS}/{{model}}/{{sampler}}/{{correction}}/seed{{seed}}/metrics.parquet",
@@ -69,7 +71,7 @@ rule train:
 
 # θ_0's accuracies, where every cell's accuracy curve starts: the same for every sampler and
 # correction of a seed (the BF16 probe engine at θ_0), so evaluated once per model and seed
-# (dlcrepro/initial_eval.py). With the cells' threads: the engine's numbers are a cell's.
+# (dlcrepro/study/initial_eval.py). With the cells' threads: the engine's numbers are a cell's.
 rule initial_eval:
     input:
         cfg=train_config_input,
@@ -100,7 +102,7 @@ rule initial_eval:
 
 # The batches every cell of a lagged sampler samples from θ_0 (its steps before the first sync),
 # sampled once per model, sampler and seed, and read by those cells instead of sampling them again:
-# the same numbers (dlcrepro/rollouts.py). Kept, not temporary: a cell rerun alone reads it again,
+# the same numbers (dlcrepro/study/rollouts.py). Kept, not temporary: a cell rerun alone reads it again,
 # and a file sampled anew would make every finished cell that read it look out of date (~20 MB each
 # on the tiny study; ~1 GB on the paper's, with 20 top-k log-probs per token).
 rule rollouts:
