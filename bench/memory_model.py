@@ -152,14 +152,14 @@ def micro_batch(ln, path: str, s, r) -> None:
     gradient), else the learner's correction's gradient (`Learner.correction_grad`: logits at θ_t
     recomputed, θ_s's distribution from its own forward, the engine's q where the correction reads
     it), as a step of more than one micro-batch runs them."""
-    from dlcrepro.step.learner import BatchLogProbs
+    from dlcrepro.step.learner import Batch, BatchLogProbs
 
     if path == "probe":
         ln.pg_grad(s)
         return
     e = r.engine_logp
-    lp = BatchLogProbs(a=e.clone(), b=e.clone(), kl_sampler=0.0, kept=None)
-    ln.correction_grad(s, r, e, lp, False, None)
+    lp = BatchLogProbs(a=e.clone(), b=e.clone(), kl_sampler=0.0)
+    ln.correction_grad(Batch(r, s, lp, e, synced=False))
 
 
 @contextlib.contextmanager

@@ -52,16 +52,21 @@ def main() -> None:
         return type(s)(s.tb.to(dev), s.rewards, s.adv_tok.to(dev)), r
 
     (s, r), (w, wr) = batch(0), batch(1)
-    e = r.engine_logp.to(dev)
     gpu_check.learner_step(learner, w, [w, s], wr)  # warm-up
     print(f"{args.model}: {sum(x.numel() for x in learner.params) / 1e9:.2f}B params, {n} seqs, "
           f"{s.tb.tokens.numel()} response tokens, micro_batch {tcfg.micro_batch}, device {dev}")
     state = {}
+
+    def measured():
+        # θ_t's logits and θ_s's distribution recomputed in the correction, as in a batch of several micro-batches
+        state["batch"] = learner.batch(r, s, synced=False)
+        state["batch"].release_sampler_distribution()
+
     pieces = {
-        "log_probs (θ_t, θ_s)": lambda: state.update(lp=learner.log_probs(s, synced=False)),
+        "log_probs (θ_t, θ_s)": measured,
         "pg_grad (one probe)": lambda: learner.pg_grad(s),
         "token_logp (θ_0)": lambda: learner.token_logp(learner.initial_model, s.tb),
-        "correction_grad (dlc)": lambda: learner.correction_grad(s, r, e, state["lp"], False, None),
+        "correction_grad (dlc)": lambda: learner.correction_grad(state["batch"]),
     }
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     sort = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"

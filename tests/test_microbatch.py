@@ -4,6 +4,7 @@ hand cases first, then the trainer's numbers unchanged by it on a small random Q
 
 import copy
 import dataclasses
+import weakref
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ import torch
 from dlcrepro.core.config import TrainConfig
 from dlcrepro.run.gpu_check import paper_step_batch
 from dlcrepro.step.model import build_tiny_model, chunk_bounds, make_token_batch, response_logits, token_logprobs
-from dlcrepro.step.learner import Learner
+from dlcrepro.step.learner import KeptLogits, Learner
 
 VOCAB = 32
 ARCH = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -127,8 +128,9 @@ def test_token_budgeted_micro_batches_give_the_one_forward_numbers(model, correc
     results = {}
     for limits in ((1024, 0), (4, 32)):
         learner.tcfg = dataclasses.replace(learner.tcfg, micro_batch=limits[0], micro_batch_tokens=limits[1])
-        lp = learner.log_probs(s, synced=False)
-        g_c, diag = learner.correction_grad(s, rollout, rollout.engine_logp, lp, False, lp.kept)
+        batch = learner.batch(rollout, s, synced=False)
+        lp = batch.trainer_logp
+        g_c, diag = learner.correction_grad(batch)
         results[limits] = (lp.a, lp.b, lp.kl_sampler, g_c, learner.pg_grad(s), learner.token_logp(learner.initial_model, s.tb),
                            *diag.values())
     chunks = learner.micro_batches(s.tb)
@@ -147,7 +149,7 @@ def test_token_budgeted_micro_batches_give_the_one_forward_numbers(model, correc
 @pytest.mark.parametrize("correction", ["ppo_multi", "dlc"])
 def test_later_sgd_steps_reading_the_kept_sampler_distribution_move_theta_as_recomputing_it(model, synced, correction):
     """A batch's later SGD steps (PPO's epochs) on a one-micro-batch batch read θ_s's
-    log-distribution the first pass kept (`Learner.update(..., logp_s)`) instead of θ_s's forward
+    log-distribution the first pass kept (`Batch.sampler_distribution`) instead of θ_s's forward
     again: the same θ after four steps. `dlc` reads it (its q̃ and lag ratios; four steps forced
     here), `ppo_multi` does not. Lagged: the kept one is θ_s's own no-grad forward, so equal bit for
     bit. Synced: it is θ_t's forward with its graph, which equals the sampler copy's no-grad forward
@@ -157,12 +159,12 @@ def test_later_sgd_steps_reading_the_kept_sampler_distribution_move_theta_as_rec
     after = {}
     for reuse in (False, True):
         learner = moved_learner(model, correction, lagged=not synced)
-        lp = learner.log_probs(s, synced=synced)
-        assert lp.kept is not None  # one micro-batch: the first pass keeps θ_s's distribution
-        g, _ = learner.correction_grad(s, rollout, rollout.engine_logp, lp, synced, lp.kept)
-        logp_s = lp.kept.logp_s if reuse else None
-        lp.kept = None
-        direction = learner.update(s, rollout, rollout.engine_logp, lp, g, 4, logp_s)
+        batch = learner.batch(rollout, s, synced=synced)
+        assert batch.sampler_distribution is not None  # one micro-batch: the first pass keeps θ_s's distribution
+        g, _ = learner.correction_grad(batch)
+        if not reuse:
+            batch.release_sampler_distribution()
+        direction = learner.update(batch, g, updates=4)
         after[reuse] = (direction, torch.cat([p.detach().reshape(-1) for p in learner.params]))
     for x, y in zip(after[False], after[True]):
         if synced:
@@ -170,6 +172,25 @@ def test_later_sgd_steps_reading_the_kept_sampler_distribution_move_theta_as_rec
         else:
             assert torch.equal(x, y)
     assert after[True][0].abs().max() > 0
+
+
+@pytest.mark.parametrize("updates", [1, 4])
+def test_the_batch_spends_its_kept_logits_in_the_first_pass_and_frees_its_sampler_distribution_after_the_update(
+        model, updates):
+    """A one-micro-batch batch keeps θ_t's logits and θ_s's distribution from its log-probs' pass:
+    the first correction pass spends the logits (its backward frees their graph), the distribution
+    stays for PPO's later epochs, and once the update is done the batch holds neither and the
+    distribution's tensor is freed."""
+    s, rollout = paper_step_batch(16, 4, prompt_len=4, resp_len=(1, 20), vocab=VOCAB, topk=8, seed=3)
+    learner = moved_learner(model, "dlc")
+    batch = learner.batch(rollout, s, synced=False)
+    assert batch.kept is not None and batch.kept.logits_t is not None
+    freed = weakref.ref(batch.sampler_distribution)
+    g, _ = learner.correction_grad(batch)
+    assert batch.kept.logits_t is None and batch.sampler_distribution is not None
+    learner.update(batch, g, updates=updates)
+    assert batch.kept is None and batch.sampler_distribution is None
+    assert freed() is None
 
 
 @pytest.mark.parametrize("correction, reads_theta_s", [("pg", False), ("ppo_multi", False), ("is", False),
@@ -182,16 +203,17 @@ def test_theta_s_forward_in_micro_batches_runs_only_for_a_correction_that_reads_
     θ_s forward runs for them. The gradient is the one a given distribution gives."""
     s, rollout = paper_step_batch(16, 4, prompt_len=4, resp_len=(1, 20), vocab=VOCAB, topk=8, seed=5)
     learner = moved_learner(model, correction, micro_batch=4)
-    lp = learner.log_probs(s, synced=False)
-    assert lp.kept is None and len(learner.micro_batches(s.tb)) == 4
+    batch = learner.batch(rollout, s, synced=False)
+    assert batch.kept is None and len(learner.micro_batches(s.tb)) == 4
     forwards = []
     hook = learner.sampler_model.get_decoder().register_forward_hook(lambda *_: forwards.append(1))  # what response_logits runs
     try:
-        lazy, _ = learner.correction_grad(s, rollout, rollout.engine_logp, lp, False, None)
+        lazy, _ = learner.correction_grad(batch)
     finally:
         hook.remove()
     assert len(forwards) == (4 if reads_theta_s else 0)
     with torch.no_grad():
         given = torch.log_softmax(learner.logits(learner.sampler_model, s.tb), -1)
-    eager, _ = learner.correction_grad(s, rollout, rollout.engine_logp, lp, False, None, given)
+    batch.kept = KeptLogits(logits_t=None, logp_s=given)
+    eager, _ = learner.correction_grad(batch)
     assert lazy.abs().max() > 0 and torch.allclose(lazy, eager, rtol=1e-4, atol=1e-6), (lazy - eager).abs().max()

@@ -206,19 +206,21 @@ def test_micro_batched_step_gives_the_full_batch_numbers(tiny_model_dir, smoke_c
     e = rollout.engine_logp
     # seq_mis's band (on π_engine/π_train, verl's orientation) cut at the batch's median: some
     # sequences dropped, some kept
-    log_rho = torch.zeros(s.tb.num_seqs).index_add_(0, s.tb.seq, tr.log_probs(s, synced=False).b - e)
+    log_rho = torch.zeros(s.tb.num_seqs).index_add_(0, s.tb.seq, tr.log_probs(s, synced=False)[0].b - e)
     tr.cparams = dataclasses.replace(tr.cparams, seq_mis_low=0.0, seq_mis_high=float((-log_rho).median().exp()) * (1 + 1e-6))
     results = {}
     for mb in (1024, 5):
         tr.tcfg.micro_batch = mb
-        lp = tr.log_probs(s, synced=False)
-        assert (lp.kept is None) == (mb == 5)
-        g_dlc, diag_dlc = tr.correction_grad(s, rollout, e, lp, False, lp.kept)
+        batch = tr.batch(rollout, s, synced=False)
+        lp = batch.trainer_logp
+        assert (batch.kept is None) == (mb == 5)
+        g_dlc, diag_dlc = tr.correction_grad(batch)
+        batch.release_sampler_distribution()  # the others recompute θ_t's logits and θ_s's distribution
         # a sequence-level correction too: each micro-batch holds whole sequences
         with tr.correcting_as("seq_mis"):
-            g_seq, diag_seq = tr.correction_grad(s, rollout, e, lp, False, None)
+            g_seq, diag_seq = tr.correction_grad(batch)
         with tr.correcting_as("gspo"):
-            g_gspo, _ = tr.correction_grad(s, rollout, e, lp, False, None)
+            g_gspo, _ = tr.correction_grad(batch)
         results[mb] = (lp.a, lp.b, lp.kl_sampler, g_dlc, g_seq, tr.pg_grad(s), tr.token_logp(tr.initial_model, s.tb),
                        g_gspo, *diag_dlc.values(), *diag_seq.values())
     full, chunked = results[1024], results[5]

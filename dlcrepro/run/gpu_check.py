@@ -320,15 +320,13 @@ def learner_step(learner, scored, probes, rollout) -> dict[str, float]:
         t = time.perf_counter()
 
     s = scored
-    lp = learner.log_probs(s, synced=False)
+    batch = learner.batch(rollout, s, synced=False)
     lap("logprobs")
     p = learner.probe(probes)
     lap("probe")
-    e = rollout.engine_logp.to(dev)
-    g_c, _ = learner.correction_grad(s, rollout, e, lp, False, lp.kept)
-    lp.kept = None
+    g_c, _ = learner.correction_grad(batch)
     lap("correction")
-    learner.sgd_step(g_c)
+    learner.update(batch, g_c, updates=1)
     dev_, floor = squared_distance(g_c, p.g_on), squared_distance(p.g_on, p.g_on2)
     assert math.isfinite(dev_) and floor > 0, (dev_, floor)
     lap("update")

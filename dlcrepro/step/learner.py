@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -67,20 +67,52 @@ class KeptLogits:
     """θ_t's logits of a one-micro-batch batch, with their graph, and θ_s's log-distribution:
     computed for the log-probs, reused by the correction."""
 
-    logits_t: torch.Tensor
+    logits_t: torch.Tensor | None
     logp_s: torch.Tensor
 
 
 @dataclass
 class BatchLogProbs:
     """The trainer's view of a sampled batch: `a` `(N,)` log π(y; θ_s) and `b` `(N,)` log π(y; θ_t)
-    (no gradient), the mean KL(π_θs ‖ π_θt) per prefix, and the kept logits (None: recompute)."""
+    (no gradient) and the mean KL(π_θs ‖ π_θt) per prefix."""
 
     a: torch.Tensor
     b: torch.Tensor
     kl_sampler: float
-    kept: KeptLogits | None
 
+
+@dataclass
+class Batch:
+    """A sampled batch as the learner uses it, with what its log-probs' pass kept for the correction.
+
+    `kept`: θ_t's logits (with their graph) and θ_s's `(N, V)` log-distribution of a batch that fits
+    in one micro-batch (None: each pass computes them chunk by chunk). The first correction pass
+    spends the logits (its backward frees their graph); θ_s's distribution serves every pass at
+    this θ_s (PPO's later epochs) until `release_sampler_distribution`."""
+
+    rollout: Rollout
+    scored: Scored  # the rollout laid out for the trainer, with rewards and advantages
+    trainer_logp: BatchLogProbs  # the trainer's `(N,)` log-probs at θ_s and θ_t, the sampler KL
+    engine_logp: torch.Tensor  # the engine's `(N,)` log-probs of the sampled tokens, on the trainer's device
+    synced: bool  # θ_s was θ_t
+    metrics: dict[str, float] = field(default_factory=dict)  # the batch's metrics (diagnostics.step_metrics "batch")
+    kept: KeptLogits | None = None
+
+    def spend_logits(self) -> torch.Tensor | None:
+        """θ_t's kept logits, once: a backward through them frees their graph."""
+        if self.kept is None:
+            return None
+        logits, self.kept.logits_t = self.kept.logits_t, None
+        return logits
+
+    @property
+    def sampler_distribution(self) -> torch.Tensor | None:
+        """θ_s's kept `(N, V)` log-distribution of the batch, or None."""
+        return self.kept.logp_s if self.kept is not None else None
+
+    def release_sampler_distribution(self) -> None:
+        """Free what the batch kept (θ_t's logits and θ_s's distribution): no later pass reads them."""
+        self.kept = None
 
 
 class Learner:
@@ -155,7 +187,13 @@ class Learner:
         """`sampler_logp` from θ_t's logits of the micro-batch (their log-softmax only where synced)."""
         return self.sampler_logp(sub, synced, torch.log_softmax(logits_t.detach(), -1) if synced else None)
 
-    def log_probs(self, s: Scored, synced: bool) -> "BatchLogProbs":
+    def batch(self, rollout: Rollout, s: Scored, synced: bool) -> Batch:
+        """The scored rollout with the trainer's log-probs (`log_probs`), the engine's on the
+        trainer's device and what the log-probs' pass kept for the correction."""
+        lp, kept = self.log_probs(s, synced)
+        return Batch(rollout, s, lp, rollout.engine_logp.to(self.device), synced, kept=kept)
+
+    def log_probs(self, s: Scored, synced: bool) -> tuple[BatchLogProbs, KeptLogits | None]:
         """Trainer log-probs of the sampled tokens at θ_s (a) and θ_t (b), and the mean
         full-vocabulary KL(π_θs ‖ π_θt) over the batch's prefixes.
 
@@ -178,28 +216,29 @@ class Learner:
             if keep:
                 kept = KeptLogits(logits_t, logp_s)
             del logits_t, logp_t, logp_s  # else three (n, V) tensors stay alive through the next forward
-        return BatchLogProbs(a=torch.cat(a), b=torch.cat(b), kl_sampler=kl / max(s.tb.tokens.numel(), 1), kept=kept)
+        return BatchLogProbs(a=torch.cat(a), b=torch.cat(b), kl_sampler=kl / max(s.tb.tokens.numel(), 1)), kept
 
-    def correction_grad(self, s: Scored, rollout: Rollout, e: torch.Tensor, lp: "BatchLogProbs", synced: bool,
-                        kept: "KeptLogits | None", logp_s: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    def correction_grad(self, batch: Batch, *, epoch: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
         """The correction's update direction (the gradient of its token-mean loss, summed over
         micro-batches, each chunk's loss weighted by its share of the batch's tokens, or of the
         terms its mean is over: `CorrectionLoss.mean_over`) and its diagnostics over the batch
-        (`corrections.weight_diagnostics`). θ_old is `lp.b`, the trainer before this batch.
-        `logp_s`: θ_s's `(N, V)` log-distribution of the whole batch where an earlier pass over it
-        kept one (PPO's later epochs, `update`); else θ_s's forward per micro-batch, run only where
-        the correction (or its q) reads the distribution."""
+        (`corrections.weight_diagnostics`), at θ_t as it is now: `epoch` is the SGD step on this
+        batch it is for (0 the first; PPO's later epochs, `update`, see the moved θ). θ_old is
+        `trainer_logp.b`, the trainer before this batch. θ_s's `(N, V)` log-distribution is the
+        batch's kept one (`Batch.sampler_distribution`) where its log-probs' pass kept one; else θ_s's
+        forward per micro-batch, run only where the correction (or its q) reads the distribution."""
+        s, rollout, e, lp = batch.scored, batch.rollout, batch.engine_logp, batch.trainer_logp
+        synced = batch.synced and epoch == 0  # θ_t is still θ_s: its distribution is θ_s's
+        logp_s = batch.sampler_distribution
         n, g, weights, terms_total = s.tb.tokens.numel(), None, [], 0
         for sub, sl in self.micro_batches(s.tb):
             # θ_s's distribution is given as a function: its forward (a lagged sampler's batch in
             # several micro-batches) runs only where it is read, by q below or by the correction
-            if kept is not None:  # the first pass's (one micro-batch)
-                logits_t, logp_s_of = kept.logits_t, lambda: kept.logp_s
-            else:  # θ at this moment (PPO's later epochs see the updated θ), θ_s as sampled
-                # (`synced`: θ_t still equals θ_s, so its distribution is θ_s's)
+            logits_t = batch.spend_logits()  # the log-probs' pass's (one micro-batch), for the first pass only
+            if logits_t is None:  # θ at this moment (PPO's later epochs see the updated θ)
                 logits_t = self.logits(self.policy, sub)
-                logp_s_of = (partial(logp_s.__getitem__, sl) if logp_s is not None
-                             else partial(self.sampler_logp_of_logits, sub, synced, logits_t))
+            logp_s_of = (partial(logp_s.__getitem__, sl) if logp_s is not None
+                         else partial(self.sampler_logp_of_logits, sub, synced, logits_t))
             terms = TokenTerms(logits=logits_t, tokens=sub.tokens, adv=s.adv_tok[sl], e=e[sl], a=lp.a[sl], old=lp.b[sl],
                                q=None, logp_s_of=logp_s_of, seq=sub.seq, num_seqs=sub.num_seqs)
             if self.correction.needs_q:
@@ -229,19 +268,21 @@ class Learner:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
 
-    def update(self, s: Scored, rollout: Rollout, e: torch.Tensor, lp: BatchLogProbs, g: torch.Tensor,
-               updates: int, logp_s: torch.Tensor | None = None) -> torch.Tensor:
+    def update(self, batch: Batch, g: torch.Tensor, *, updates: int) -> torch.Tensor:
         """The correction's `updates` SGD steps on one batch: the first along `g` (its direction at
-        θ_t), each further one (PPO's epochs, `registry.updates_per_batch`) along a fresh gradient at
-        the moved θ with the same θ_old (`lp.b`) and the same θ_s: its distribution `logp_s` where
-        the first pass kept it (a one-micro-batch batch: `KeptLogits.logp_s`, θ_t's own where the
-        sampler was synced), else from the sampler's copy where it is read (θ has moved; where the
-        sampler was synced the copy is θ_t before the step). Returns the run's update direction over all its
-        steps: `g` for one, else (θ_before − θ_after) / lr, the one SGD step that lands there."""
+        θ_t, `correction_grad`), each further one (PPO's epochs, `registry.updates_per_batch`) along a
+        fresh gradient at the moved θ with the same θ_old and the same θ_s: the batch's kept
+        distribution where it has one (a one-micro-batch batch, θ_t's own where the sampler was
+        synced), else from the sampler's copy where it is read (θ has moved; where the sampler was
+        synced the copy is θ_t before the step). Then the batch releases its kept distribution.
+        Returns the run's update direction over all its steps: `g` for one, else
+        (θ_before − θ_after) / lr, the one SGD step that lands there."""
         if updates == 1:
+            batch.release_sampler_distribution()
             self.sgd_step(g)
             return g
         before = flat_params(self.params)
         for u in range(updates):
-            self.sgd_step(g if u == 0 else self.correction_grad(s, rollout, e, lp, False, None, logp_s)[0])
+            self.sgd_step(g if u == 0 else self.correction_grad(batch, epoch=u)[0])
+        batch.release_sampler_distribution()
         return (before - flat_params(self.params)) / self.tcfg.lr

@@ -32,7 +32,7 @@ from .diagnostics import EVAL_COLUMNS, BatchTerms, ProbeTerms, missing, step_met
 from .divergence import Diverged, blown_up, check_direction_finite, check_finite, check_weights_finite, ended, largest_abs_weight
 from .engine import Rollout, SyncCheckError, VLLMEngine
 from ..core.grid import PROBE_PRECISION, get_sampler
-from .learner import BatchLogProbs, Learner, Probes, Scored
+from .learner import Batch, BatchLogProbs, Learner, Probes, Scored
 from .model import load_model, load_tokenizer, make_token_batch
 from ..core.phases import PHASES, Schedule
 from ..core.procs import pause_point
@@ -67,18 +67,6 @@ class Cell:
     resync_steps: list[int] = field(default_factory=list)
     initial: dict = field(default_factory=dict)  # the accuracies of θ_0, measured before step 1
     diverged_at_step: int | None = None  # the first step a diverged run could not complete (docs/method.md#diverged-runs)
-
-
-@dataclass
-class Batch:
-    """A sampled batch as the step uses it."""
-
-    rollout: Rollout
-    scored: Scored  # the rollout laid out for the trainer, with rewards and advantages
-    trainer_logp: BatchLogProbs  # the trainer's `(N,)` log-probs at θ_s and θ_t, the sampler KL, kept logits
-    engine_logp: torch.Tensor  # the engine's `(N,)` log-probs of the sampled tokens, on the trainer's device
-    synced: bool  # θ_s was θ_t
-    metrics: dict[str, float]  # the batch's metrics (diagnostics.step_metrics "batch")
 
 
 class Trainer(Learner):
@@ -240,10 +228,9 @@ class Trainer(Learner):
     def measure(self, rollout: Rollout, s: Scored, num_groups: int, synced: bool) -> Batch:
         """The trainer's log-probs of a scored batch of `num_groups` prompts and its batch metrics
         (diagnostics.step_metrics)."""
-        trainer_logp = self.log_probs(s, synced)
-        engine_logp = rollout.engine_logp.to(self.device)
-        metrics = step_metrics("batch", self.batch_terms(rollout, s, num_groups, trainer_logp, engine_logp))
-        return Batch(rollout, s, trainer_logp, engine_logp, synced, metrics)
+        batch = self.batch(rollout, s, synced)
+        batch.metrics = step_metrics("batch", self.batch_terms(rollout, s, num_groups, batch.trainer_logp, batch.engine_logp))
+        return batch
 
     def batch_terms(self, rollout: Rollout, s: Scored, num_groups: int, lp: BatchLogProbs, e: torch.Tensor) -> BatchTerms:
         return BatchTerms(rewards=s.rewards, group=rollout.group, num_groups=num_groups, lengths=rollout.lengths, e=e.cpu(),
@@ -299,20 +286,15 @@ class Trainer(Learner):
 
         updates = updates_per_batch(self.correction.name, t)  # 1, or its own count, or train.updates_per_batch
         with timer("correction"):
-            kept = batch.trainer_logp.kept
-            g_c, diagnostics = self.correction_grad(batch.scored, batch.rollout, batch.engine_logp, batch.trainer_logp,
-                                                    batch.synced, kept)
-            # PPO's later epochs read the θ_s distribution this pass read (the same numbers as θ_s's
-            # forward again: measured, docs/measurements.md); the kept graph's logits are freed here
-            logp_s = kept.logp_s if kept is not None and updates > 1 else None
-            batch.trainer_logp.kept = kept = None
+            g_c, diagnostics = self.correction_grad(batch)  # spends the batch's kept logits
             row.update(diagnostics)
             check_finite(k, row)
             check_direction_finite(k, g_c)
 
         with timer("update"):
-            g_c = self.update(batch.scored, batch.rollout, batch.engine_logp, batch.trainer_logp, g_c, updates, logp_s)
-            del logp_s
+            # PPO's later epochs read the θ_s distribution the first pass read (the same numbers as θ_s's
+            # forward again: measured, docs/measurements.md); the batch releases it after the last
+            g_c = self.update(batch, g_c, updates=updates)
             # a diverged run (a later PPO epoch's gradient, or a step that overflows θ) ends here
             # (train_steps records it) instead of writing a row whose dev is NaN and going on
             check_weights_finite(k, self.params, updates)

@@ -321,7 +321,7 @@ def _repetition(tr, synced: bool, corrections: list[str], n: int, rep: int, seed
     s = tr.score(rollout, idx)
     batch = tr.measure(rollout, s, n, synced)
     # a kept graph is freed by the first correction's backward: each correction recomputes θ_t's logits
-    batch.trainer_logp.kept = None
+    batch.release_sampler_distribution()
     both = tr.probe_engine.generate(prompts + prompts, k, derive_seed(seed, rep, f"{tag}/probes"), logprobs=False)
     probe_batches = [tr.score(r, idx) for r in both.split(len(prompts))]
     probes = tr.probe(probe_batches)
@@ -332,7 +332,7 @@ def _repetition(tr, synced: bool, corrections: list[str], n: int, rep: int, seed
     rows = []
     for c in corrections:
         with tr.correcting_as(c):
-            g_c, diagnostics = tr.correction_grad(s, rollout, batch.engine_logp, batch.trainer_logp, synced, None)
+            g_c, diagnostics = tr.correction_grad(batch)
         rows.append({"correction": c, **base, **step_metrics("probe", tr.probe_terms(g_c, probes)), **diagnostics})
     sec = time.perf_counter() - t0
     return [r | {"seconds": sec} for r in rows]
