@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from dlcrepro.report import formats
 from dlcrepro.report import intervals as I
 
 REPS = 40_000  # the simulated coverage's own standard error: sqrt(0.95 · 0.05 / 40,000) ≈ 0.11 points
@@ -90,24 +91,24 @@ def test_combine_needs_every_part():
 
 
 def test_ends_print_on_their_side_of_the_margin():
-    assert I.apart(2.005, [2.0]) == "2.005"
-    assert I.apart(1.9951, [1.996]) == "1.995"  # below 1.996 at 4 digits
-    assert I.apart(1.9959, [1.996]) == "1.9959"  # "2" at 3 digits (the other side), "1.996" at 4 (on it)
-    assert I.apart(0.719, [2.0]) == "0.719"
-    assert I.apart(-9.996, [-10.0, 10.0]) == "-9.996"
-    assert I.apart(math.nan, [2.0]) == "n/a"
+    assert formats.apart(2.005, [2.0]) == "2.005"
+    assert formats.apart(1.9951, [1.996]) == "1.995"  # below 1.996 at 4 digits
+    assert formats.apart(1.9959, [1.996]) == "1.9959"  # "2" at 3 digits (the other side), "1.996" at 4 (on it)
+    assert formats.apart(0.719, [2.0]) == "0.719"
+    assert formats.apart(-9.996, [-10.0, 10.0]) == "-9.996"
+    assert formats.apart(math.nan, [2.0]) == "n/a"
 
 
 def test_one_formatter_prints_every_value_to_three_significant_digits():
-    assert [I.number(x) for x in (0.020631, 7.912, 0.0, 11.0, 1.234e-4)] == ["0.0206", "7.91", "0", "11", "1.23e-04"]
-    assert I.number(0.7951, 2) == "0.8" and I.number(12) == "12" and I.number("none") == "none"
-    assert I.number(None) == I.number(float("nan")) == "n/a"
+    assert [formats.number(x) for x in (0.020631, 7.912, 0.0, 11.0, 1.234e-4)] == ["0.0206", "7.91", "0", "11", "1.23e-04"]
+    assert formats.number(0.7951, 2) == "0.8" and formats.number(12) == "12" and formats.number("none") == "none"
+    assert formats.number(None) == formats.number(float("nan")) == "n/a"
 
 
 def test_an_interval_prints_its_ends_on_their_side_of_the_margins():
-    assert I.interval_text(1.21, 0.719, 2.005, (1.0, 2.0), "x") == "1.21x [0.719, 2.005]"
-    assert I.interval_text(1.21, 0.719, 2.005) == "1.21 [0.719, 2]"
-    assert I.interval_text(float("nan"), 0.1, 0.2) == "n/a"
+    assert formats.interval_text(1.21, 0.719, 2.005, (1.0, 2.0), "x") == "1.21x [0.719, 2.005]"
+    assert formats.interval_text(1.21, 0.719, 2.005) == "1.21 [0.719, 2]"
+    assert formats.interval_text(float("nan"), 0.1, 0.2) == "n/a"
 
 
 # ----------------------------------------------------------------------------- multiples on the log scale

@@ -36,6 +36,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from . import analysis as A  # noqa: E402
+from . import formats as F  # noqa: E402
 from . import outputs  # noqa: E402
 from . import paper as P  # noqa: E402
 from .intervals import t_interval  # noqa: E402
@@ -793,16 +794,16 @@ VERDICT_COLOURS = {"✓": "#CDEBD4", "✗": "#F6D2D2", "?": "#F3E7C4", "–": "#
 # A findings unit (findings.Finding.unit) -> how its numbers print in the summary figure: the number's
 # format and the words after it, so that no number stands without its unit.
 HEADLINE_UNITS = (
-    ("x floor", lambda x: f"{x:.3g}×", ""),
-    ("points", lambda x: f"{x:+.1f}", " points"),
-    ("share of", lambda x: f"{100 * x:.0f} %", " of runs"),
-    ("steps", lambda x: f"{x:+.1f}", " steps"),
-    ("resyncs", lambda x: f"{x:.3g}", " resyncs a run"),
-    ("stale mean |λ|", lambda x: f"{x:.3g}×", " (|λ|, last / first 5 steps)"),
-    ("off-support share at collapse minus", lambda x: f"{100 * x:+.1f}", " points of off-support share"),
-    ("off-support share", lambda x: f"{100 * x:.1f} %", " of tokens off-support"),
-    ("kl_sampler", lambda x: f"{x:.3g}×", " the healthy runs' largest KL"),
-    ("ρ(", lambda x: f"{x:+.3g}", " in ρ, off-support minus M"),
+    ("x floor", lambda x: F.significant(x) + "×", ""),
+    ("points", lambda x: F.fixed(x, 1, sign=True), " points"),
+    ("share of", lambda x: F.pct(x, 0), " of runs"),
+    ("steps", lambda x: F.fixed(x, 1, sign=True), " steps"),
+    ("resyncs", F.significant, " resyncs a run"),
+    ("stale mean |λ|", lambda x: F.significant(x) + "×", " (|λ|, last / first 5 steps)"),
+    ("off-support share at collapse minus", lambda x: F.fixed(100 * x, 1, sign=True), " points of off-support share"),
+    ("off-support share", lambda x: F.pct(x, 1), " of tokens off-support"),
+    ("kl_sampler", lambda x: F.significant(x) + "×", " the healthy runs' largest KL"),
+    ("ρ(", lambda x: F.significant(x, sign=True), " in ρ, off-support minus M"),
 )
 RANGE_UNITS = ("smallest and largest", "fewest, most")  # low and high are the extreme runs, not an interval
 
@@ -816,7 +817,7 @@ def _headline(row: pd.Series, label: str) -> str:
     if pd.isna(v):
         return str(row[label])[2:]
     unit = str(row.get("unit", ""))
-    fmt, suffix = next(((f, s) for start, f, s in HEADLINE_UNITS if unit.startswith(start)), (lambda x: f"{x:.3g}", f" ({unit})"))
+    fmt, suffix = next(((f, s) for start, f, s in HEADLINE_UNITS if unit.startswith(start)), (F.significant, f" ({unit})"))
     if pd.isna(lo):
         return fmt(v) + suffix
     if any(r in unit for r in RANGE_UNITS):

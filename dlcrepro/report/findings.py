@@ -44,7 +44,8 @@ from . import analysis as A
 from . import intervals as I
 from . import paper as P
 from ..core.grid import SAMPLERS
-from .intervals import number
+from . import formats as F
+from .formats import number
 from .sequential import DESIGN, Design
 
 RISE_POINTS = 0.10  # the on-policy reference must gain this much accuracy (R)
@@ -92,8 +93,8 @@ class Estimate:
         return (math.log(x) if x > 0 else (-math.inf if x == 0 else math.nan)) if self.log and math.isfinite(x) else x
 
     def text(self, unit: str = "", margins=()) -> str:
-        """"1.21x [0.719, 2.005]" (intervals.interval_text)."""
-        return I.interval_text(self.mean, self.low, self.high, margins, unit)
+        """"1.21x [0.719, 2.005]" (formats.interval_text)."""
+        return F.interval_text(self.mean, self.low, self.high, margins, unit)
 
 
 @dataclass
@@ -216,12 +217,8 @@ def _parts(*parts: tuple[str, I.Projection | None]) -> tuple[str, I.Projection |
 
 
 def _pct(e: Estimate | None) -> str:
-    return "n/a" if e is None or e.mean != e.mean else f"{100 * e.mean:.1f} % [{100 * e.low:.1f}, {100 * e.high:.1f}]"
-
-
-def _signed(x: float, margins=()) -> str:
-    text = I.apart(x, margins)
-    return text if text.startswith("-") or text == "n/a" else "+" + text
+    """"46.5 % [40.1, 52.9]" (formats.pct_interval); "n/a" without an estimate."""
+    return "n/a" if e is None else F.pct_interval(e.mean, e.low, e.high)
 
 
 def _seeds(runs: pd.DataFrame, col: str) -> str:
@@ -260,8 +257,8 @@ def reference_learns(e: Evidence) -> Result:
     rise = 100 * (runs["final_test_accuracy"] - runs["initial_test_accuracy"])
     est = e.interval(rise)
     bar = 100 * RISE_POINTS
-    text = (f"rise {_signed(est.mean, [bar])} [{_signed(est.low, [bar])}, {_signed(est.high, [bar])}] points; per seed "
-            + "/".join(f"{v:+.1f}" for v in rise))
+    text = (f"rise {F.signed(est.mean, [bar])} [{F.signed(est.low, [bar])}, {F.signed(est.high, [bar])}] points; per seed "
+            + "/".join(F.fixed(v, 1, sign=True) for v in rise))
     return _result(est, text, judged(est, lower=bar))
 
 
@@ -356,7 +353,7 @@ def f4_fp8_center_matches_on_policy(e: Evidence) -> Result:
     margin = 100 * F4_MARGIN_POINTS
     m = [-margin, margin]
     acc = lambda c: _pct(e.interval(e.runs(*c)["final_test_accuracy"]))  # noqa: E731
-    text = (f"paired difference {_signed(pts.mean, m)} [{_signed(pts.low, m)}, {_signed(pts.high, m)}] points, margin "
+    text = (f"paired difference {F.signed(pts.mean, m)} [{F.signed(pts.low, m)}, {F.signed(pts.high, m)}] points, margin "
             f"±{margin:.0f}; center {acc(('fp8', 'center'))} vs bf16/pg {acc(A.REFERENCE)} pool accuracy")
     return _result(pts, text, judged(pts, -margin, margin))
 
@@ -506,8 +503,8 @@ def f13_off_support_predicts_drop(e: Evidence) -> Result:
     ro = A.spearman(pairs["off_support"].to_numpy(float), pairs["drop"].to_numpy(float))
     rm = A.spearman(pairs["multiple_to_step"].to_numpy(float), pairs["drop"].to_numpy(float))
     b = A.spearman_difference(pairs, "off_support", "multiple_to_step", "drop", e.n_boot, margins=[0.0], level=e.level)
-    text = (f"{number(ro, 2)} vs {number(rm, 2)}; difference {I.apart(b.value, [0.0])} [{I.apart(b.low, [0.0])}, "
-            f"{I.apart(b.high, [0.0])}] ({pairs.groupby(A.RUN).ngroups} distinct runs, {b.resamples:,} resamples)")
+    text = (f"{number(ro, 2)} vs {number(rm, 2)}; difference {F.apart(b.value, [0.0])} [{F.apart(b.low, [0.0])}, "
+            f"{F.apart(b.high, [0.0])}] ({pairs.groupby(A.RUN).ngroups} distinct runs, {b.resamples:,} resamples)")
     if math.isnan(b.low):
         return Result(text, CANNOT_TELL, b.value, seeds=e.seeds)
     verdict = I.side(b.low, b.high, lower=0.0)
@@ -537,33 +534,15 @@ class Finding:
     derived: str = ""  # how paper_value follows from the paper's words where the paper gives no such number ("" where it does)
 
 
-def _m(sampler: str, correction: str) -> str:
-    """The paper's M for a cell, as its summary writes it: "13", "2.1"."""
-    return f"{P.MULTIPLE[sampler, correction].value:g}"
-
-
-def _m_acc(sampler: str, correction: str) -> str:
-    """"32x, 12.2 %": the paper's M and accuracy for a cell."""
-    return f"{_m(sampler, correction)}x, {P.pct(P.ACCURACY[sampler, correction][0])}"
-
-
-def _f8_paper() -> str:
-    """"<=2x (0.6B 1.9x)"."""
-    f8 = P.MULTIPLE["stale", "dlc"]
-    return f"<={f8.bound:g}x ({f8.model} {f8.value:g}x)"
-
-
 def _steps(steps) -> str:
     return ", ".join(map(str, steps))
 
 
-_F11_PAPER = (f"{100 * P.F11_AT_COLLAPSE:.0f} %, <={100 * P.F11_BEFORE_AT_MOST:.0f} %, "
-              f"<={100 * P.F11_WITH_RESYNC_AT_MOST:.0f} %")
 _RHO_OFF, _RHO_M = P.F13_RHO["off_support"], P.F13_RHO["noise_floor_multiple"]
 
 
 FINDINGS: list[Finding] = [
-    Finding("R", "on-policy bf16/pg learns", f"not given ({P.pct(P.ACCURACY['fp8', 'center'][0])} is F4's)",
+    Finding("R", "on-policy bf16/pg learns", f"not given ({F.pct(P.ACCURACY['fp8', 'center'][0])} is F4's)",
             f"bf16/pg's rise in pool accuracy over the run, per seed: its interval above {100 * RISE_POINTS:.0f} points",
             reference_learns, "points of pool accuracy gained"),
     Finding("M", "δ constant under fp8, λ growing under stale", "yes",
@@ -579,33 +558,33 @@ FINDINGS: list[Finding] = [
             f2_crossing_vs_gaussian, "steps from the Gaussian crossing to the empirical one",
             float(P.F2_ESS_CROSSING - P.F2_GAUSSIAN_CROSSING),
             f"derived: {P.F2_ESS_CROSSING} − {P.F2_GAUSSIAN_CROSSING} ({P.F2_MODEL})"),
-    Finding("F3", "fp8: PG multiple (corrections near the floor)", f"PG {_m('fp8', 'pg')}x",
+    Finding("F3", "fp8: PG multiple (corrections near the floor)", f"PG {F.paper_multiple_short(('fp8', 'pg'))}",
             "fp8/pg's M above 1, and M of pg over center (paired by seed) above 1, both on the log scale",
             f3_fp8_pg_above_floor, "x floor", P.MULTIPLE["fp8", "pg"].value),
-    Finding("F4", "fp8: center's pool accuracy matches on-policy", P.pct(P.ACCURACY["fp8", "center"][0]),
+    Finding("F4", "fp8: center's pool accuracy matches on-policy", F.pct(P.ACCURACY["fp8", "center"][0]),
             f"the paired (by seed) difference to bf16/pg: its whole interval within ±{100 * F4_MARGIN_POINTS:.0f} points",
             f4_fp8_center_matches_on_policy, "points of pool accuracy, center minus bf16/pg", 0.0,
             "derived: \"matches\" read as 0"),
-    Finding("F5", "stale: center multiple, accuracy", _m_acc("stale", "center"),
+    Finding("F5", "stale: center multiple, accuracy", F.paper_multiple_accuracy(("stale", "center")),
             "stale/center's M above 2 (log scale)", _above_floor("stale", "center"),
             "x floor", P.MULTIPLE["stale", "center"].value),
-    Finding("F6", "stale: is_center multiple, accuracy", _m_acc("stale", "is_center"),
+    Finding("F6", "stale: is_center multiple, accuracy", F.paper_multiple_accuracy(("stale", "is_center")),
             "M of stale/is_center over stale/center, paired by seed, below 1 (log scale)",
             f6_is_center_below_center, "x floor", P.MULTIPLE["stale", "is_center"].value),
-    Finding("F7", f"stale: PPO multiple ({PAPER_PPO}: several SGD steps per batch)", f"{_m('stale', PAPER_PPO)}x",
+    Finding("F7", f"stale: PPO multiple ({PAPER_PPO}: several SGD steps per batch)", F.paper_multiple_short(("stale", PAPER_PPO)),
             f"stale/{PAPER_PPO}'s M above 2 (log scale)",
             f7_ppo_above_floor, "x floor", P.MULTIPLE["stale", PAPER_PPO].value),
-    Finding("F8", "stale: DLC multiple", _f8_paper(),
+    Finding("F8", "stale: DLC multiple", F.paper_multiple_short(("stale", "dlc")),
             f"stale/dlc's whole M interval at or below {F8_MARGIN_MULTIPLE:g} (log scale), no run diverged", f8_dlc_within_two,
             "x floor", P.MULTIPLE["stale", "dlc"].value),
     Finding("F9", "stale: DLC resync steps", f"{_steps(P.F9_RESYNC_STEPS)} (once per run)",
             "stale/dlc's resyncs per run: the interval at or above 1", f9_dlc_resyncs,
             "resyncs per stale/dlc run", 1.0, f"derived: once per run ({_steps(P.F9_RESYNC_STEPS)})"),
     Finding("F10", "stale: IS vs IS + resync multiple",
-            f"{_m('stale', 'is')}x -> {_m('stale', 'is_resync')}x",
+            f"{F.paper_multiple_short(('stale', 'is'))} -> {F.paper_multiple_short(('stale', 'is_resync'))}",
             "M of stale/is_resync over stale/is, paired by seed, below 1 (log scale)", f10_resync_rescues_is,
             "x floor", P.MULTIPLE["stale", "is_resync"].value),
-    Finding("F11", "off-support share at collapse / before; with resync", _F11_PAPER,
+    Finding("F11", "off-support share at collapse / before; with resync", F.paper_off_support(),
             "per seed, over runs that collapse (no resync): the share at collapse minus twice the largest before, "
             "its interval above 0 (with resync: shown)", f11_off_support_at_collapse,
             "off-support share at collapse minus twice the largest before", P.F11_AT_COLLAPSE - 2 * P.F11_BEFORE_AT_MOST,

@@ -14,9 +14,8 @@ A percentile bootstrap over 3 seeds, which this replaced, returns the seeds' min
 (all three resamples equal the minimum with probability 1/27 > 2.5 %): about 75 % coverage.
 
 `side` reads an interval against a margin as the findings do (seen, contradicted, undecided),
-`seeds_needed` says how many seeds would decide it at the observed spread, and `apart` prints a
-number with enough digits to show on which side of a margin it falls; `number` and
-`interval_text` print every value and interval the tables and findings show. Torch- and pandas-free.
+and `seeds_needed` says how many seeds would decide it at the observed spread. How an interval
+prints is formats.py's. Torch- and pandas-free.
 """
 
 from __future__ import annotations
@@ -98,38 +97,6 @@ def combine(verdicts: list[str]) -> str:
     if CONTRADICTED in verdicts:
         return CONTRADICTED
     return SEEN if verdicts and all(v == SEEN for v in verdicts) else UNDECIDED
-
-
-def number(x, digits: int = 3) -> str:
-    """A value as every table, finding and figure prints it, the one formatter of numbers: a float to
-    `digits` significant digits ("0.0206", "7.91"), in scientific notation below 1e-3 ("1.23e-04");
-    anything else (an int, a text) as it is; "n/a" for None or NaN."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "n/a"
-    if isinstance(x, float):
-        return f"{x:.{digits}g}" if abs(x) >= 1e-3 or x == 0 else f"{x:.{digits - 1}e}"
-    return str(x)
-
-
-def interval_text(mean: float, low: float, high: float, margins=(), unit: str = "") -> str:
-    """"1.21x [0.719, 2.005]": a mean (with `unit`) and its interval, each printed by `apart`, so to
-    3 significant digits or more where fewer would print it on or across one of `margins`; "n/a"
-    without a mean."""
-    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
-        return "n/a"
-    return f"{apart(mean, margins)}{unit} [{apart(low, margins)}, {apart(high, margins)}]"
-
-
-def apart(x: float, margins=(), digits: int = 3) -> str:
-    """`x` to `digits` significant digits, or more where fewer would print it on a margin or on the
-    other side of one: 2.005 against 2 prints "2.005", not "2"; 1.9951 against 1.996 "1.9951"."""
-    if x is None or math.isnan(x):
-        return "n/a"
-    for d in range(digits, 17):
-        shown = float(f"{x:.{d}g}")
-        if all(np.sign(shown - m) == np.sign(x - m) for m in margins if math.isfinite(m)):
-            return f"{x:.{d}g}"
-    return repr(x)
 
 
 # ----------------------------------------------------------------------------- multiplicative quantities

@@ -1,5 +1,5 @@
 """The paper's numbers, the one home of each: the tables, the figures, the findings and the batch-size
-scan read them here, as numbers, and print them from here.
+scan read them here, as numbers; formats.py prints them (the paper's values' text).
 
 Every number comes from the public summary of the paper (2 November 2026, CITATION.cff). The paper
 does not say which model F3–F7 and F10 refer to, so those stand beside every model's cell; where it
@@ -25,12 +25,6 @@ class Multiple:
     def point(self) -> float:
         """M where the paper states it for every model; NaN where its headline is a bound."""
         return float("nan") if self.bound is not None else self.value
-
-    def text(self) -> str:
-        """As a table prints it: "13x (F3)", "<=2x; 0.6B: 1.9x (F8)"."""
-        if self.bound is None:
-            return f"{self.value:g}x ({self.finding})"
-        return f"<={self.bound:g}x; {self.model}: {self.value:g}x ({self.finding})"
 
 
 # M by (sampler, correction). The paper's PPO is read as several SGD steps per batch
@@ -72,21 +66,3 @@ F11_THROUGH_STEP = 40
 
 # F13: Spearman ρ with the accuracy drop, of the off-support share and of the noise-floor multiple.
 F13_RHO = {"off_support": 0.80, "noise_floor_multiple": 0.74}
-
-
-def pct(share: float) -> str:
-    """A share of the paper's as it prints it: 0.465 → "46.5 %"."""
-    return f"{100 * share:.1f} %"
-
-
-def accuracy_text(cell: tuple[str, str]) -> str:
-    """"46.5 % (F4)"; "" for a cell the paper gives no accuracy for."""
-    if cell not in ACCURACY:
-        return ""
-    share, finding = ACCURACY[cell]
-    return f"{pct(share)} ({finding})"
-
-
-def multiple_text(cell: tuple[str, str]) -> str:
-    """"13x (F3)"; "" for a cell the paper gives no multiple for."""
-    return MULTIPLE[cell].text() if cell in MULTIPLE else ""

@@ -15,18 +15,16 @@ from . import outputs
 from . import paper as P
 from .findings import across_machines, findings_from_input, findings_input, replicates_not_run
 from ..core.grid import lagged_samplers
-from .intervals import interval_text, number
+from . import formats as F
+from .formats import interval_text, number
 from ..core.util import DamagedFileError, atomic_write_text
 
-# The paper's numbers beside ours, as text, from paper.py (their one home). The paper does not say
+# The paper's numbers beside ours, as text, from paper.py (their one home) through formats.py. The paper does not say
 # which model F3–F7 and F10 refer to, so they stand beside every model's cell; F8's 1.9x is Qwen3-0.6B's.
 PAPER_ESS = (f"{P.F2_MODEL}: ESS {P.F2_ESS_CROSSING}, Gaussian {P.F2_GAUSSIAN_CROSSING}, "
              f"IS leaves floor {P.F2_IS_LEAVES_FLOOR} (F2)")  # beside F2's sampler's rows
 PAPER_RESYNC = f"{P.F9_MODEL}: {', '.join(map(str, P.F9_RESYNC_STEPS))} (F9)"  # beside F9's cell's runs
-PAPER_OFF_SUPPORT = {
-    "without": f"~{100 * P.F11_AT_COLLAPSE:.0f} % at collapse, <={100 * P.F11_BEFORE_AT_MOST:.0f} % before (F11)",
-    "with": f"<={100 * P.F11_WITH_RESYNC_AT_MOST:.0f} % through step {P.F11_THROUGH_STEP} (F11)",
-}
+PAPER_OFF_SUPPORT = {r: F.paper_off_support(r) for r in ("without", "with")}
 PAPER_SPEARMAN = {m: f"{rho:.2f} (F13)" for m, rho in P.F13_RHO.items()}
 
 
@@ -50,7 +48,7 @@ def noise_floor_table(steps: pd.DataFrame, pr: pd.DataFrame) -> pd.DataFrame:
     s["M (mean [95 % CI])"] = [_marked(interval_text(m, lo, hi, M_MARGINS), d)
                                for m, lo, hi, d in zip(s["mean"], s["ci_low"], s["ci_high"], s["diverged"])]
     s["runs with a multiple"] = [f"{v}/{n}" for v, n in zip(s["n_valid"], s["n_runs"])]
-    s["paper"] = [P.multiple_text((a, b)) for a, b in zip(s["sampler"], s["correction"])]
+    s["paper"] = [F.paper_multiple((a, b)) for a, b in zip(s["sampler"], s["correction"])]
     shown = ["M (mean [95 % CI])", "runs with a multiple", "probe_steps", "probed_steps", "diverged", "paper"]
     return s[A.CELL + shown + ["mean", "ci_low", "ci_high"]]
 
@@ -79,7 +77,7 @@ def accuracy_table(pr: pd.DataFrame, name: str = "test accuracy", heldout: pd.Da
         s[f"{A.HELDOUT_GREEDY}, final (mean [95 % CI])"] = [interval_text(m, lo, hi)
                                                              for m, lo, hi in zip(h1["mean"], h1["ci_low"], h1["ci_high"])]
         shown += [f"{A.HELDOUT_GREEDY} at step 0", f"{A.HELDOUT_GREEDY}, final (mean [95 % CI])"]
-    s["paper"] = [P.accuracy_text((a, b)) for a, b in zip(s["sampler"], s["correction"])]
+    s["paper"] = [F.paper_accuracy((a, b)) for a, b in zip(s["sampler"], s["correction"])]
     return s[A.CELL + shown + ["paper", "mean", "ci_low", "ci_high"]]
 
 
@@ -372,7 +370,7 @@ def _md_table(text: str) -> tuple[str, list[str], list[list[str]]]:
 
 
 def _as_written(text: str) -> str:
-    """A .csv cell as a table shows it: a float to 3 significant digits (`intervals.number`), an integer or text as it is."""
+    """A .csv cell as a table shows it: a float to 3 significant digits (`formats.number`), an integer or text as it is."""
     try:
         return text if text.lstrip("-").isdigit() else number(float(text))
     except ValueError:

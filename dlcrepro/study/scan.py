@@ -36,7 +36,8 @@ import yaml
 from ..core import paths
 from ..core.registry import updates_per_batch
 from ..report import paper as P
-from ..report.intervals import interval_text, number
+from ..report import formats
+from ..report.formats import interval_text, number
 from ..report.tables import write_table
 from ..core.util import atomic_save, atomic_write_text, log
 
@@ -167,7 +168,7 @@ def fit_cells(raw: pd.DataFrame, t_star: float, n_boot: int = 2000, seed: int = 
                 "multiple_high": float(f["multiple_high"][i]), "residual": float(f["residual"][i]),
             })
         cell = (ident["sampler"], ident["correction"])
-        paper = P.multiple_text(cell)
+        paper = formats.paper_multiple(cell)
         cell_rows.append(ident | {k: f[k] for k in ("beta", "beta_low", "beta_high", "t_star", "multiple_at_t_star",
                                                     "multiple_at_t_star_low", "multiple_at_t_star_high")}
                          | {"rungs": len(by), "n_boot": n_boot, "paper": paper,
