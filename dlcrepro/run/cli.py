@@ -63,29 +63,36 @@ def cmd_train(args) -> int:
     return 0
 
 
-def cmd_rollouts(args) -> int:
+def _shared_file(args, write) -> int:
+    """A file the cells of a seed share (the rollouts, θ_0's evaluation), through the fork server
+    where one runs: `write(cfg, model_dir)` with the job's config and its model's weights (torch is
+    imported inside `write`, never where the server runs the job)."""
     status = _via_server(args)
     if status is not None:
         return status
-    from ..study.rollouts import write_rollouts
     from ..study.celldir import cell_model_dir
 
     cfg = _load(args)
-    write_rollouts(cfg, args.model, args.sampler, args.seed, Path(args.out), cell_model_dir(cfg, args.model, args.model_dir),
-                   args.topk)
+    write(cfg, cell_model_dir(cfg, args.model, args.model_dir))
     return 0
+
+
+def cmd_rollouts(args) -> int:
+    def write(cfg, model_dir):
+        from ..study.rollouts import write_rollouts
+
+        write_rollouts(cfg, args.model, args.sampler, args.seed, Path(args.out), model_dir, args.topk)
+
+    return _shared_file(args, write)
 
 
 def cmd_initial_eval(args) -> int:
-    status = _via_server(args)
-    if status is not None:
-        return status
-    from ..study.initial_eval import write_initial_eval
-    from ..study.celldir import cell_model_dir
+    def write(cfg, model_dir):
+        from ..study.initial_eval import write_initial_eval
 
-    cfg = _load(args)
-    write_initial_eval(cfg, args.model, args.seed, Path(args.out), cell_model_dir(cfg, args.model, args.model_dir))
-    return 0
+        write_initial_eval(cfg, args.model, args.seed, Path(args.out), model_dir)
+
+    return _shared_file(args, write)
 
 
 def _without_server(argv: list[str]) -> list[str]:

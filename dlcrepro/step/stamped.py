@@ -121,6 +121,23 @@ def model_and_kernels(model_dir: Path, dtype: str) -> dict:
     return {"weights": model_identity(model_dir), "kernel_path": kernel_path(dtype)}
 
 
+def shared_identity(fmt: int, cfg: Config, model: str, model_dir: Path, train_keys: tuple[str, ...], **fields) -> dict:
+    """The identity of a file a cell shares with others (the shared rollouts, θ_0's evaluation): its
+    layout's `fmt`, the model by its weights' hash and the node by its kernel path
+    (`model_and_kernels`, never `model_dir`), `fields` (sampler, seed, ...), the engine and task
+    sections whole and the train section's `train_keys`, in that order."""
+    t = cfg.train_for(model)
+    return {
+        "format": fmt,
+        "model": model,
+        **model_and_kernels(model_dir, cfg.engine.dtype),
+        **fields,
+        "engine": to_dict(cfg.engine),
+        "task": to_dict(cfg.task),
+        "train": {k: getattr(t, k) for k in train_keys},
+    }
+
+
 def write(path: Path, identity: dict, key: str, body, as_json: bool = False) -> dict:
     """Write `{"identity": identity, key: body}` at `path`, atomically: as indented JSON, or with
     `torch.save` (tensors). Returns the file's digest."""

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..step import stamped
-from ..core.config import Config, to_dict
+from ..core.config import Config
 from ..core.grid import probe_engine_sampler
 from ..step.train import Trainer
 from ..core.util import log
@@ -33,16 +33,7 @@ def identity(cfg: Config, model: str, seed: int, model_dir: Path) -> dict:
     """Everything θ_0's evaluation depends on; a cell uses a file only if its own is the same. The model is
     named by its weights' hash, not `model_dir`, and the node by its kernel path
     (`stamped.model_and_kernels`)."""
-    t = cfg.train_for(model)
-    return {
-        "format": FORMAT,
-        "model": model,
-        **stamped.model_and_kernels(model_dir, cfg.engine.dtype),
-        "seed": int(seed),
-        "engine": to_dict(cfg.engine),
-        "task": to_dict(cfg.task),
-        "train": {k: getattr(t, k) for k in EVAL_KEYS},
-    }
+    return stamped.shared_identity(FORMAT, cfg, model, model_dir, EVAL_KEYS, seed=int(seed))
 
 
 def write_initial_eval(cfg: Config, model: str, seed: int, out: Path, model_dir: Path) -> dict:

@@ -20,30 +20,22 @@ from pathlib import Path
 import torch
 
 from ..step import stamped
-from ..core.config import Config, ConfigError, to_dict
+from ..core.config import Config, ConfigError
 from ..step.engine import Rollout
 from ..core.seeds import derive_seed, step_problems
 from ..core.util import log
 
 FORMAT = 1  # bump when the file's layout changes
 
+# the train section's keys the shared rollouts depend on (the engine and task sections: all of them)
+TRAIN_KEYS = ("steps", "sync_every", "prompts_per_step", "responses_per_prompt", "pool_size")
+
 
 def identity(cfg: Config, model: str, sampler: str, seed: int, model_dir: Path, topk: int) -> dict:
     """Everything the shared rollouts depend on; a cell uses a file only if its own is the same. The model is
     named by its weights' hash, not `model_dir`, and the node by its kernel path
     (`stamped.model_and_kernels`)."""
-    t = cfg.train_for(model)
-    return {
-        "format": FORMAT,
-        "model": model,
-        **stamped.model_and_kernels(model_dir, cfg.engine.dtype),
-        "sampler": sampler,
-        "seed": int(seed),
-        "topk": int(topk),
-        "engine": to_dict(cfg.engine),
-        "task": to_dict(cfg.task),
-        "train": {k: getattr(t, k) for k in ("steps", "sync_every", "prompts_per_step", "responses_per_prompt", "pool_size")},
-    }
+    return stamped.shared_identity(FORMAT, cfg, model, model_dir, TRAIN_KEYS, sampler=sampler, seed=int(seed), topk=int(topk))
 
 
 def _as_record(r: Rollout) -> dict:
