@@ -31,7 +31,7 @@ def test_every_dlcrepro_process_applies_them_before_the_command():
     # `python -m dlcrepro` (every job, the fork server) calls it in __main__, before cli imports torch;
     # in a child process, so that no test worker's own heap is changed
     code = ("import runpy, sys\n"
-            "from dlcrepro import heap\n"
+            "from dlcrepro.run import heap\n"
             "calls = []\n"
             "real = heap.keep_freed_memory\n"
             "def wrapped():\n"

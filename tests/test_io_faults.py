@@ -77,7 +77,7 @@ def test_stopping_a_tree_ends_every_process_below_even_one_that_ignores_sigterm(
         below = wait_for("the tree below", lambda: d if len(d := procs.descendants(top.pid)) == 2 else None, 20)
         # from a process of its own, as snakemake's handler does (its sweeping thread lives as long as it)
         stopper = subprocess.Popen([sys.executable, "-c",
-                                    f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from dlcrepro import procs; "
+                                    f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from dlcrepro.core import procs; "
                                     f"procs.stop_descendants({top.pid}, grace=0.5); time.sleep(5)"])
         t0 = time.monotonic()
         wait_for("the tree below gone", lambda: not any(procs.alive(p) for p in below), 5)

@@ -182,7 +182,7 @@ def test_an_unknown_tracker_is_refused_with_the_known_ones():
 
 
 def test_no_tracker_is_imported_until_a_run_starts_one():
-    code = ("import sys; from dlcrepro.core.config import load; from dlcrepro import tracking; "
+    code = ("import sys; from dlcrepro.core.config import load; from dlcrepro.core import tracking; "
             f"load({str(SMOKE)!r}, {{'tracking.backends': ['tensorboard', 'wandb', 'mlflow']}}); "
             "print(sorted(m for m in ('tensorboard', 'wandb', 'mlflow', 'torch') if m in sys.modules))")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -766,7 +766,7 @@ def learning(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> Figure:
 def drawn(name: str):
     """The function that draws the figure `name` of outputs.FIGURES (`FIGURES`)."""
     if name not in FIGURES:
-        raise LookupError(f"dlcrepro/outputs.py lists the figure {name!r}, but no function of dlcrepro/figures.py "
+        raise LookupError(f"dlcrepro/report/outputs.py lists the figure {name!r}, but no function of dlcrepro/report/figures.py "
                           f'is registered to draw it (@draws("{name}"))')
     return FIGURES[name]
 
