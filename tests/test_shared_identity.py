@@ -76,7 +76,8 @@ def test_a_file_of_a_node_with_other_kernels_is_refused_naming_both(tiny_model_d
     """A process with ATen's kernels held to AVX2 (as on an AVX2 node) writes the θ_0 file; this
     process, with its own kernels, refuses it and names the file and both kernel paths."""
     path = tmp_path / "seed0.json"
-    write = ("import sys; from dlcrepro.study import initial_eval; from dlcrepro.step import stamped; from dlcrepro.core.config import load; "
+    write = ("import sys; from dlcrepro.study import initial_eval; from dlcrepro.step import stamped; "
+             "from dlcrepro.core.config import load; "
              "stamped.write(sys.argv[1], initial_eval.identity(load(sys.argv[2]), 'tiny', 0, sys.argv[3]), 'accuracies', "
              "{'test_accuracy': 0.25}, as_json=True)")
     env = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}

@@ -483,8 +483,8 @@ def write_all(steps: pd.DataFrame, runs: pd.DataFrame, out: Path, n_boot: int = 
     }
     listed = [o.name for o in outputs.TABLES]  # the one list of outputs: what the workflow expects written
     if set(t) != set(listed):
-        raise LookupError(f"dlcrepro/report/outputs.py lists the tables {sorted(set(listed) - set(t))} that tables.write_all does not "
-                          f"build, and write_all builds {sorted(set(t) - set(listed))} that the list lacks")
+        raise LookupError(f"dlcrepro/report/outputs.py lists the tables {sorted(set(listed) - set(t))} that tables.write_all "
+                          f"does not build, and write_all builds {sorted(set(t) - set(listed))} that the list lacks")
     for name in listed:
         write_table(t[name], out, name, caption(name, t[name]).replace("{measure}", A.eval_measure(steps, runs)))
     return {name: t[name] for name in listed}
