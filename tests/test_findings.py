@@ -271,3 +271,29 @@ def test_one_command_rebuilds_findings_csv_from_the_findings_input_alone(tmp_pat
     assert cli.main(["findings", "--from", str(repo), "--n-boot", "100"]) == 0
     for name in ("findings.csv", "findings.md"):
         assert (repo / name).read_bytes() == (tables / name).read_bytes(), name
+
+
+def test_r_reads_the_interval_of_the_rise_per_seed_against_ten_points():
+    learns = rule(*study({("bf16", "pg"): {"final": [0.55, 0.60, 0.58, 0.57, 0.60, 0.59]}}), F.reference_learns)
+    assert learns.verdict == F.SEEN and learns.low > 10 and learns.seeds == 6
+    # a rise of 5 points in every seed: the whole interval below 10
+    flat = rule(*study({("bf16", "pg"): {"final": [0.30, 0.31, 0.29, 0.30, 0.31, 0.30]}}), F.reference_learns)
+    assert flat.verdict == F.CONTRADICTED and flat.high < 10
+
+
+def test_f9_reads_the_resyncs_per_run_against_once():
+    steps, runs = study({("stale", "dlc"): {}})
+    runs["resync_steps"] = [json.dumps(x) for x in ([5, 9], [7, 8], [3, 8, 12], [6, 10], [9, 11], [4, 11, 15])]
+    resyncs = rule(steps, runs, F.f9_dlc_resyncs)
+    assert resyncs.value == pytest.approx(14 / 6) and resyncs.verdict == F.SEEN and resyncs.low >= 1
+    # 2, 1, 3, 2, 1, 2 resyncs: every run resyncs, but six seeds at the design's level reach below once
+    runs["resync_steps"] = [json.dumps(x) for x in ([5, 9], [7], [3, 8, 12], [6, 10], [9], [4, 11])]
+    assert rule(steps, runs, F.f9_dlc_resyncs).verdict == F.UNDECIDED
+    runs["resync_steps"] = json.dumps([])
+    assert rule(steps, runs, F.f9_dlc_resyncs).verdict == F.CONTRADICTED  # no run resyncs: [0, 0]
+
+
+def test_f12_says_seeds_cannot_decide_it():
+    f12 = next(f for f in F.FINDINGS if f.id == "F12")
+    res = rule(*study({("bf16", "pg"): {"final": [0.5] * 6}, ("stale", "is"): {"final": [0.0] * 6}}), f12.rule)
+    assert res.verdict in (F.SEEN, F.CONTRADICTED) and res.decidable is False and res.why_not
