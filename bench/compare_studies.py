@@ -1,7 +1,7 @@
 """Whether two studies computed the same numbers: every cell, every column but the timings.
 
     .venv/bin/python bench/compare_studies.py BEFORE/results AFTER/results [--cells 'tiny/stale/*/seed0']
-    .venv/bin/python bench/compare_studies.py --findings-input paper_tables/other_machines/amx-intel-184ede8 RUN/paper_tables
+    .venv/bin/python bench/compare_studies.py --findings-input paper_tables/other_machines/avx512-epyc-3bea749 RUN/paper_tables
 
 For a change that is not meant to be numerical (issue #30: sharing work, skipping work done twice),
 run the study before and after it on the same machine and compare. Each cell found in both (by its
