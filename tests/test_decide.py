@@ -156,7 +156,8 @@ def test_the_adapter_reads_todays_findings_table_pooled_over_every_seed():
     pooled = D.pooled_verdicts(table_)
     assert list(pooled["finding"]) == [f.id for f in F.FINDINGS]
     assert set(pooled["verdict"]) <= {"seen", "contradicted", "undecided", "cannot tell"}
-    assert (pooled["seeds"] == runs["seed"].nunique()).all()
+    # each finding pools the seeds its cells ran: six for every cell, more where the decide run added them
+    assert (pooled["seeds"] >= 6).all() and (pooled["seeds"] <= runs["seed"].nunique()).all()
     for r, result in zip(pooled.to_dict("records"), table_["result"]):
         assert F.MARK[r["verdict"]] == result[:1]
     assert D.pooled_verdicts(pooled).equals(pooled)  # a pooled table passes as it is

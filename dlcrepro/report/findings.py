@@ -532,6 +532,11 @@ class Finding:
     unit: str  # of Result.value: "x floor", "points", "steps", ...
     paper_value: float = math.nan
     derived: str = ""  # how paper_value follows from the paper's words where the paper gives no such number ("" where it does)
+    # a rule that pools many cells per seed (M: every fp8 cell and every stale cell without resync;
+    # F11-F13: every cell's collapse points) names them here: it reads only the seeds that ran every one
+    # of them (`complete_seeds`), since a seed the decide run added for a few cells would make its
+    # per-seed value another quantity. None: the rule reads its cells seed by seed (paired where two).
+    pools: Callable[[str, str], bool] | None = None
 
 
 def _steps(steps) -> str:
@@ -547,7 +552,8 @@ FINDINGS: list[Finding] = [
             reference_learns, "points of pool accuracy gained"),
     Finding("M", "δ constant under fp8, λ growing under stale", "yes",
             "per seed, last/first 5 steps (log scale): fp8's mean |δ| within [2/3, 3/2], stale's mean |λ| (no resync) "
-            "above 3", mechanism, "stale mean |λ|, last over first 5 steps"),
+            "above 3", mechanism, "stale mean |λ|, last over first 5 steps",
+            pools=lambda s, c: s == "fp8" or (s == "stale" and c not in A.RESYNC_CORRECTIONS)),
     Finding("F1", "IS fails once lag ESS < 1/2", "criterion",
             "per stale/is run, steps from its ESS crossing of 1/2 to its collapse (drop >= half the reference): "
             "its interval at or above 0", f1_is_fails_past_half,
@@ -588,15 +594,15 @@ FINDINGS: list[Finding] = [
             "per seed, over runs that collapse (no resync): the share at collapse minus twice the largest before, "
             "its interval above 0 (with resync: shown)", f11_off_support_at_collapse,
             "off-support share at collapse minus twice the largest before", P.F11_AT_COLLAPSE - 2 * P.F11_BEFORE_AT_MOST,
-            f"derived: {P.F11_AT_COLLAPSE:g} − 2 × {P.F11_BEFORE_AT_MOST:g}"),
+            f"derived: {P.F11_AT_COLLAPSE:g} − 2 × {P.F11_BEFORE_AT_MOST:g}", pools=lambda s, c: True),
     Finding("F12", "kl_sampler at collapse vs healthy runs' range", "within range",
             "mean kl_sampler at collapse <= the healthy runs' largest (not decidable by seeds)",
             f12_kl_blind_at_collapse, "kl_sampler at collapse over the healthy runs' largest", 1.0,
-            "derived: \"within range\" read as 1"),
+            "derived: \"within range\" read as 1", pools=lambda s, c: True),
     Finding("F13", "Spearman with the accuracy drop: off-support vs deviation", f"{_RHO_OFF:.2f} vs {_RHO_M:.2f}",
             "ρ(off-support) − ρ(M): its bootstrap interval over distinct runs above 0, ends settled to a tenth of their distance",
             f13_off_support_predicts_drop, "ρ(off-support) − ρ(M)",
-            round(_RHO_OFF - _RHO_M, 2), f"derived: {_RHO_OFF:.2f} − {_RHO_M:.2f}"),
+            round(_RHO_OFF - _RHO_M, 2), f"derived: {_RHO_OFF:.2f} − {_RHO_M:.2f}", pools=lambda s, c: True),
 ]
 
 
@@ -642,12 +648,19 @@ def findings_table(steps: pd.DataFrame, runs: pd.DataFrame, groups: list[list[in
         every = sorted(int(k) for k in runs.loc[runs["model"] == model, "seed"].unique())
         s, r = pick(every)
         pooled = evidence(steps.loc[s], runs.loc[r], n_boot, design.level)
+        def over_complete_seeds(f: Finding) -> Evidence:
+            seeds = complete_seeds(runs.loc[runs["model"] == model], f.pools)
+            if seeds == every:
+                return pooled
+            s, r = pick(seeds)
+            return evidence(steps.loc[s], runs.loc[r], n_boot, design.level)
+
         shown = []
         for seeds in groups:
             s, r = pick(seeds)
             shown.append(evidence(steps.loc[s], runs.loc[r], n_boot, design.level) if r.any() else None)
         for f in FINDINGS:
-            res = f.rule(pooled)
+            res = f.rule(pooled if f.pools is None else over_complete_seeds(f))
             row = {"finding": f.id, "model": model, "what": f.what, "paper": f.paper, "rule": f.rule_text,
                    "result": f"{MARK[res.verdict]} {res.text}", "seeds": res.seeds or pooled.seeds, "verdict": res.verdict,
                    "seeds to decide": res.seeds_to_decide(design)}
@@ -663,6 +676,15 @@ def findings_table(steps: pd.DataFrame, runs: pd.DataFrame, groups: list[list[in
                         "rules": RULES_COMMIT or "uncommitted"})
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def complete_seeds(runs: pd.DataFrame, pools: Callable[[str, str], bool]) -> list[int]:
+    """The seeds that ran every cell a pooling rule reads (`pools(sampler, correction)`) that any seed
+    ran: a decide run's later seeds hold only the cells an open finding read."""
+    cells = {int(k): frozenset((a, b) for a, b in zip(g["sampler"], g["correction"]) if pools(a, b))
+             for k, g in runs.groupby("seed")}
+    grid = frozenset().union(*cells.values()) if cells else frozenset()
+    return sorted(k for k, c in cells.items() if c == grid)
 
 
 def replicates_not_run(table: pd.DataFrame) -> list[str]:
