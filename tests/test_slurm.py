@@ -38,8 +38,9 @@ def test_smoke_grid_through_slurm_then_a_deleted_cell_reruns_with_its_copy_only(
     p = run(slurm_cmd(snakemake_slurm, config, configfile=cfg))
     assert p.returncode == 0, p.stderr[-4000:]
     counts = job_counts(p.stdout + p.stderr)
+    # `reproduce`: every run ends by comparing itself with the committed study (here: none named, said so)
     assert counts == {"warmstart": 1, "initial_eval": 1, "rollouts": 1, "train": 4, "collect": 1, "tables": 1, "figures": 1,
-                      "all": 1, "total": 11}, p.stdout[-3000:]
+                      "reproduce": 1, "all": 1, "total": 12}, p.stdout[-3000:]
     assert len(list(out["results_dir"].glob("tiny/*/*/seed0/summary.json"))) == 4
     assert (out["tables_dir"] / "findings.md").exists() and (out["figures_dir"] / "ess.png").exists()
     log = (out["results_dir"] / "_logs" / "train" / "tiny" / "stale" / "pg" / "seed0.log").read_text()
